@@ -1,0 +1,278 @@
+"""A/B readout for ratio metrics randomised per user.
+
+What it computes, per metric (rows are `user_id, arm, metric, numerator, denominator`):
+- the ratio Σnumerator/Σdenominator in each arm (users are the randomisation unit, so the
+  variance is the per-user delta-method variance of a ratio of means, Deng et al. 2018);
+- `delta`, the relative lift treatment/control − 1, with a 95% delta-method interval and a
+  two-sided z-test p-value;
+- CUPED (θ = cov(Y, X)/var(X) on linearised per-user values) when every row carries
+  `pre_numerator, pre_denominator`; the adjusted estimate replaces the raw one and
+  `cuped_variance_reduction` says how much it bought;
+- `msprt_p`, an always-valid p-value from the normal-mixture sequential probability ratio test
+  (mSPRT, Johari et al.): Λ = sqrt(V/(V+τ²))·exp(τ²Δ²/(2V(V+τ²))), p = min(1, 1/Λ) taken as a
+  running minimum over looks. With a `ts` column the looks follow time order; without one the
+  rows' file order is used. It is valid at any stopping time, so the loop may peek as often as
+  it likes;
+- and for the experiment, `srm_p`: a chi-square test of the user counts per arm against the
+  configured weights (sample ratio mismatch means the randomisation or logging is broken and
+  no metric should be trusted).
+
+What it does not do: it assumes users are independent and assigned once (sticky); it does not
+correct for testing many metrics at once (guardrails are read one by one, as is usual).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from etude.errors import EtudeError
+
+ARMS = ("control", "treatment")
+REQUIRED = ("user_id", "arm", "metric", "numerator", "denominator")
+
+
+@dataclass(frozen=True)
+class Guardrail:
+    """A metric that must not get worse by more than `margin` (relative)."""
+
+    metric: str
+    higher_is_better: bool = True
+    margin: float = 0.05  # non-inferiority margin on the relative lift
+
+
+@dataclass
+class ABConfig:
+    alpha: float = 0.05  # two-sided level for intervals, z-test and mSPRT
+    weights: tuple[float, float] = (0.5, 0.5)  # expected share of users in control, treatment
+    tau_rel: float = 0.1  # mSPRT mixture sd as a share of the control ratio (effect size of interest)
+    looks: int = 20  # number of interim looks the running mSPRT minimum is taken over
+    guardrails: tuple[Guardrail, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class UserTotals:
+    """Per-user sums for one metric: arrays aligned by user."""
+
+    num: np.ndarray  # [users]
+    den: np.ndarray  # [users]
+    pre_num: np.ndarray | None = None
+    pre_den: np.ndarray | None = None
+
+
+def load_events(path: Path) -> list[dict[str, Any]]:
+    """Read CSV or JSONL rows. Raises EtudeError with the line number on a bad row."""
+    if not path.exists():
+        raise EtudeError(f"events file not found: {path}")
+    text = path.read_text()
+    rows: list[dict[str, Any]] = []
+    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise EtudeError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+    else:
+        rows = list(csv.DictReader(text.splitlines()))
+    return [_check_row(r, path, i) for i, r in enumerate(rows, 1)]
+
+
+def _check_row(r: dict[str, Any], path: Path, i: int) -> dict[str, Any]:
+    missing = [k for k in REQUIRED if r.get(k) in (None, "")]
+    if missing:
+        raise EtudeError(f"{path}: row {i}: missing {', '.join(missing)}")
+    if r["arm"] not in ARMS:
+        raise EtudeError(f"{path}: row {i}: arm must be 'control' or 'treatment', got {r['arm']!r}")
+    out = dict(r)
+    try:
+        for k in ("numerator", "denominator", "pre_numerator", "pre_denominator"):
+            if r.get(k) not in (None, ""):
+                out[k] = float(r[k])
+            else:
+                out.pop(k, None)
+    except (TypeError, ValueError):
+        raise EtudeError(f"{path}: row {i}: numerator/denominator must be numbers") from None
+    if out["denominator"] < 0:
+        raise EtudeError(f"{path}: row {i}: denominator must be non-negative")
+    return out
+
+
+def _totals(rows: list[dict[str, Any]]) -> tuple[dict[str, UserTotals], list[str]]:
+    """Aggregate rows to per-user sums for each arm; returns totals and users in first-seen order."""
+    acc: dict[str, dict[str, list[float]]] = {a: defaultdict(lambda: [0.0, 0.0, 0.0, 0.0]) for a in ARMS}
+    has_pre = all("pre_numerator" in r and "pre_denominator" in r for r in rows)
+    for r in rows:
+        s = acc[r["arm"]][str(r["user_id"])]
+        s[0] += r["numerator"]
+        s[1] += r["denominator"]
+        if has_pre:
+            s[2] += r["pre_numerator"]
+            s[3] += r["pre_denominator"]
+    out = {}
+    for arm in ARMS:
+        vals = np.array(list(acc[arm].values()), dtype=float).reshape(-1, 4)
+        out[arm] = UserTotals(
+            vals[:, 0], vals[:, 1], vals[:, 2] if has_pre else None, vals[:, 3] if has_pre else None
+        )
+    return out, list(dict.fromkeys(str(r["user_id"]) for r in rows))
+
+
+def ratio_and_var(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """Ratio of sums and its delta-method variance (per-user i.i.d. pairs)."""
+    n = len(num)
+    if n < 2 or den.sum() <= 0:
+        return (float("nan"), float("nan"))
+    r = num.sum() / den.sum()
+    mu_d = den.mean()
+    # Var(n̄/d̄) ≈ (σ_n² − 2R σ_nd + R² σ_d²) / (n μ_d²)
+    cov = np.cov(num, den, ddof=1)
+    var = (cov[0, 0] - 2 * r * cov[0, 1] + r * r * cov[1, 1]) / (n * mu_d * mu_d)
+    return float(r), float(max(var, 0.0))
+
+
+def _linearised(num: np.ndarray, den: np.ndarray, r: float, mu_d: float) -> np.ndarray:
+    return (num - r * den) / mu_d
+
+
+def cuped_ratio(t: UserTotals, theta: float, pre_mean: float) -> tuple[float, float]:
+    """CUPED-adjusted ratio and variance for one arm, given a pooled θ and pooled pre-period mean."""
+    r, _ = ratio_and_var(t.num, t.den)
+    mu_d = t.den.mean()
+    y = _linearised(t.num, t.den, r, mu_d)
+    x = _pre_linearised(t)
+    adj = r - theta * (x.mean() - pre_mean)
+    var = float(np.var(y - theta * x, ddof=1) / len(y))
+    return float(adj), var
+
+
+def _pre_linearised(t: UserTotals) -> np.ndarray:
+    # The covariate is the user's pre-period ratio contribution, on the same scale as y.
+    assert t.pre_num is not None and t.pre_den is not None
+    den = t.pre_den.sum()
+    r_pre = t.pre_num.sum() / den if den > 0 else 0.0
+    mu = t.pre_den.mean() if t.pre_den.mean() > 0 else 1.0
+    return (t.pre_num - r_pre * t.pre_den) / mu + r_pre
+
+
+def _theta(tot: dict[str, UserTotals]) -> tuple[float, float]:
+    ys, xs = [], []
+    for arm in ARMS:
+        t = tot[arm]
+        r, _ = ratio_and_var(t.num, t.den)
+        ys.append(_linearised(t.num, t.den, r, t.den.mean()))
+        xs.append(_pre_linearised(t))
+    y, x = np.concatenate(ys), np.concatenate(xs)
+    vx = np.var(x, ddof=1)
+    theta = float(np.cov(y, x, ddof=1)[0, 1] / vx) if vx > 0 else 0.0
+    return theta, float(x.mean())
+
+
+def relative_lift(c: float, vc: float, t: float, vt: float) -> tuple[float, float]:
+    """t/c − 1 and its delta-method variance (arms independent)."""
+    lift = t / c - 1.0
+    var = (t / c) ** 2 * (vt / (t * t) + vc / (c * c)) if t != 0 else vc / (c * c)
+    return lift, var
+
+
+def msprt_p(diff: float, var: float, tau2: float) -> float:
+    """Always-valid p-value of one look: min(1, 1/Λ) for the normal mixture with variance τ²."""
+    if not (var > 0) or not math.isfinite(diff):
+        return 1.0
+    log_lam = 0.5 * math.log(var / (var + tau2)) + tau2 * diff * diff / (2 * var * (var + tau2))
+    return float(min(1.0, math.exp(-log_lam)))
+
+
+def sequential_msprt_p(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> float:
+    """Running minimum of the mSPRT p-value over `cfg.looks` interim looks in time order."""
+    mrows = [r for r in rows if r["metric"] == metric]
+    if any("ts" in r for r in mrows):
+        mrows = sorted(mrows, key=lambda r: float(r.get("ts", 0)))
+    p = 1.0
+    n = len(mrows)
+    cuts = sorted({max(1, round(n * (k + 1) / cfg.looks)) for k in range(cfg.looks)})
+    for cut in cuts:
+        tot, _ = _totals(mrows[:cut])
+        (c, vc), (t, vt) = (ratio_and_var(tot[a].num, tot[a].den) for a in ARMS)
+        if not (math.isfinite(c) and math.isfinite(t)):
+            continue
+        tau2 = (cfg.tau_rel * c) ** 2 if c != 0 else cfg.tau_rel**2
+        p = min(p, msprt_p(t - c, vc + vt, tau2))
+    return p
+
+
+def srm_p(users_per_arm: dict[str, int], weights: tuple[float, float]) -> float:
+    """Chi-square p-value of observed user counts per arm against expected weights."""
+    obs = np.array([users_per_arm.get(a, 0) for a in ARMS], dtype=float)
+    if obs.sum() == 0:
+        return 1.0
+    w = np.array(weights, dtype=float) / sum(weights)
+    return float(stats.chisquare(obs, f_exp=obs.sum() * w).pvalue)
+
+
+def analyze_metric(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> dict[str, Any]:
+    """Everything the readout says about one metric."""
+    mrows = [r for r in rows if r["metric"] == metric]
+    tot, _ = _totals(mrows)
+    (c, vc), (t, vt) = (ratio_and_var(tot[a].num, tot[a].den) for a in ARMS)
+    out: dict[str, Any] = {"users": {a: int(len(tot[a].num)) for a in ARMS}}
+    if not (math.isfinite(c) and math.isfinite(t)) or c == 0:
+        out.update(control=_num(c), treatment=_num(t), delta=None, ci_low=None, ci_high=None,
+                   p_value=None, msprt_p=None, note="not enough users or zero control ratio")
+        return out
+    raw_var = vc + vt
+    cuped = tot["control"].pre_num is not None
+    if cuped:
+        theta, pre_mean = _theta(tot)
+        (c, vc), (t, vt) = (cuped_ratio(tot[a], theta, pre_mean) for a in ARMS)
+        out["cuped_theta"] = theta
+        out["cuped_variance_reduction"] = float(1 - (vc + vt) / raw_var) if raw_var > 0 else 0.0
+    lift, var = relative_lift(c, vc, t, vt)
+    z = stats.norm.ppf(1 - cfg.alpha / 2)
+    se = math.sqrt(var)
+    p = float(2 * stats.norm.sf(abs(lift) / se)) if se > 0 else (0.0 if lift != 0 else 1.0)
+    out.update(control=c, treatment=t, delta=lift, ci_low=lift - z * se, ci_high=lift + z * se, p_value=p,
+               msprt_p=sequential_msprt_p(rows, metric, cfg), cuped=cuped)
+    return out
+
+
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+def guardrail_verdict(res: dict[str, Any], g: Guardrail) -> dict[str, Any]:
+    """Non-inferiority: the interval's bad end must stay within the margin."""
+    if res.get("delta") is None:
+        return {"metric": g.metric, "ok": None, "reason": "no estimate"}
+    bad_end = -res["ci_low"] if g.higher_is_better else res["ci_high"]
+    ok = bad_end <= g.margin
+    return {"metric": g.metric, "ok": bool(ok), "margin": g.margin, "worst_plausible_change": float(bad_end),
+            "higher_is_better": g.higher_is_better}
+
+
+def analyze(rows: list[dict[str, Any]], cfg: ABConfig | None = None) -> dict[str, Any]:
+    """Readout of a whole experiment: per-metric results, SRM, guardrails."""
+    cfg = cfg or ABConfig()
+    if not rows:
+        raise EtudeError("no events to analyse")
+    users = {a: len({str(r["user_id"]) for r in rows if r["arm"] == a}) for a in ARMS}
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    per = {m: analyze_metric(rows, m, cfg) for m in metrics}
+    guards = [guardrail_verdict(per[g.metric], g) for g in cfg.guardrails if g.metric in per]
+    return {
+        "alpha": cfg.alpha,
+        "users": users,
+        "srm_p": srm_p(users, cfg.weights),
+        "srm_ok": srm_p(users, cfg.weights) >= 0.001,
+        "metrics": per,
+        "guardrails": guards,
+    }
