@@ -1,0 +1,115 @@
+"""`RewardConfig`: weights per term, budgets, and what each reward-hack flag does to the reward.
+
+Loadable from a TOML file (a `[rewards]` table, or the whole file) or a plain dict; unknown keys
+are an `EtudeError`, so a typo in a config never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from etude.errors import EtudeError
+
+FlagAction = Literal["void", "penalise", "ignore"]
+Clarification = Literal["penalise", "allow"]
+
+
+def _default_weights() -> dict[str, float]:
+    # Correctness dominates; behaviour terms shape, they never outweigh solving the task.
+    return {
+        "correctness": 1.0,
+        "efficiency": 0.1,
+        "parallelism": 0.05,
+        "broken_calls": 0.2,
+        "unsupported_claims": 0.3,
+        "needless_clarification": 0.3,
+        "verbosity": 0.05,
+        # Production terms: None (skipped) unless trajectory.meta["feedback"] carries the signal.
+        "edit_persistence": 0.5,
+        "followup": 0.5,
+        "latency": 0.1,
+    }
+
+
+def _default_flag_policy() -> dict[str, FlagAction]:
+    # Weaker evidence (time/random patching) only penalises; the rest void the episode.
+    return {
+        "test_file_edit": "void",
+        "conftest_edit": "void",
+        "pytest_plugin": "void",
+        "sitecustomize": "void",
+        "exit_call": "void",
+        "skip_marker": "void",
+        "eq_always_true": "void",
+        "test_special_casing": "void",
+        "patched_time_random": "penalise",
+        "deleted_assertions": "void",
+    }
+
+
+@dataclass
+class RewardConfig:
+    """Everything `score` needs besides the episode. Every field has a safe default."""
+
+    weights: dict[str, float] = field(default_factory=_default_weights)
+    """term name -> weight; a term absent here (or weighted 0) is computed but does not count."""
+    partial_credit: bool = False
+    """correctness: unresolved episodes get the fraction of FAIL_TO_PASS passing (only if every
+    PASS_TO_PASS still passes) instead of 0."""
+    step_budget: int = 30
+    """efficiency: turns an episode may take before it costs the whole efficiency term."""
+    token_budget: int = 32_000
+    """efficiency: prompt + completion tokens."""
+    wall_budget_s: float = 600.0
+    """efficiency: wall-clock seconds of the episode."""
+    efficiency_requires_success: bool = True
+    """efficiency applies only to resolved episodes (when an outcome exists), so giving up fast
+    is never rewarded."""
+    broken_call_penalty: float = 0.25
+    """broken_calls: cost of each malformed or failing call (the term is -min(1, n * this))."""
+    clarification: Clarification = "penalise"
+    """needless_clarification: "penalise" a question asked instead of acting, unless the task says
+    it needs one (task.meta["clarification"] == "needed"); "allow" never penalises."""
+    verbosity_budget_words: int = 250
+    """verbosity: words in the final answer before it starts to cost."""
+    flag_policy: dict[str, FlagAction] = field(default_factory=_default_flag_policy)
+    """detector name -> "void" (total clamped to `void_total`, never resolved), "penalise"
+    (subtract `flag_penalty` once per detector), or "ignore" (reported only)."""
+    flag_penalty: float = 0.5
+    void_total: float = -1.0
+    """a voided episode's total is min(total, this): a hack can never beat an honest failure."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardConfig:
+        """Fields from a dict; `weights` and `flag_policy` are merged over the defaults."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise EtudeError(f"unknown reward config key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        kw = dict(d)
+        if "weights" in kw:
+            kw["weights"] = {**_default_weights(), **{k: float(v) for k, v in kw["weights"].items()}}
+        if "flag_policy" in kw:
+            bad = {k: v for k, v in kw["flag_policy"].items() if v not in ("void", "penalise", "ignore")}
+            if bad:
+                raise EtudeError(f"flag_policy values must be void|penalise|ignore, got {bad}")
+            kw["flag_policy"] = {**_default_flag_policy(), **kw["flag_policy"]}
+        if kw.get("clarification", "penalise") not in ("penalise", "allow"):
+            raise EtudeError(f"clarification must be 'penalise' or 'allow', got {kw['clarification']!r}")
+        return cls(**kw)
+
+    @classmethod
+    def from_toml(cls, path: str | Path, table: str = "rewards") -> RewardConfig:
+        """From a TOML file: its `[rewards]` table if present, else the top level."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise EtudeError(f"cannot read reward config {path}: {e}") from None
+        return cls.from_dict(data[table] if isinstance(data.get(table), dict) else data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,229 @@
+"""The built-in reward terms and the registry every term (built-in or production) plugs into.
+
+A term is a pure function returning a float, or None when it does not apply to the episode
+(None is "not counted", never zero). It names the arguments it needs among `trajectory`, `task`,
+`outcome`, `config` and `patch`; `score` passes only those, and skips (None) a term whose
+required argument is missing — so `score_patch`, which has no trajectory, runs the same registry.
+
+Ranges: correctness and parallelism in [0, 1]; efficiency in [0, 1]; penalties in [-1, 0].
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any
+
+from etude.rewards.config import RewardConfig
+from etude.types import Outcome, Task, ToolExecution, Trajectory
+
+TERMS: dict[str, Callable[..., float | None]] = {}
+ARGS = ("trajectory", "task", "outcome", "config", "patch")
+
+
+def register_term(name: str) -> Callable[[Callable[..., float | None]], Callable[..., float | None]]:
+    """Decorator: make a term available to `score` under `name` (weight it in RewardConfig.weights)."""
+
+    def deco(fn: Callable[..., float | None]) -> Callable[..., float | None]:
+        TERMS[name] = fn
+        return fn
+
+    return deco
+
+
+def call_term(fn: Callable[..., float | None], available: dict[str, Any]) -> float | None:
+    """Call `fn` with the arguments it names. A required argument that is None means the term
+    does not apply. A protocol-style `(trajectory, task, outcome)` term works unchanged."""
+    kwargs = {}
+    for name, p in inspect.signature(fn).parameters.items():
+        value = available.get(name)
+        required = p.default is inspect.Parameter.empty and name in ("trajectory", "patch")
+        if required and value is None:
+            return None
+        if name in available:
+            kwargs[name] = value
+    out = fn(**kwargs)
+    return None if out is None else float(out)
+
+
+# --- correctness ---------------------------------------------------------------------------
+
+
+@register_term("correctness")
+def correctness(outcome: Outcome | None, config: RewardConfig) -> float | None:
+    """1 if resolved; with partial credit, the share of FAIL_TO_PASS passing when no
+    PASS_TO_PASS broke; else 0. None without an outcome (production)."""
+    if outcome is None:
+        return None
+    if outcome.resolved:
+        return 1.0
+    if not config.partial_credit or not outcome.patch_applied or not outcome.fail_to_pass:
+        return 0.0
+    if any(s != "passed" for s in outcome.pass_to_pass.values()):
+        return 0.0
+    return sum(s == "passed" for s in outcome.fail_to_pass.values()) / len(outcome.fail_to_pass)
+
+
+# --- efficiency and parallelism ----------------------------------------------------------------
+
+
+@register_term("efficiency")
+def efficiency(trajectory: Trajectory, outcome: Outcome | None, config: RewardConfig) -> float | None:
+    """1 - mean share of the step, token and wall-time budgets used (each capped at 1)."""
+    if config.efficiency_requires_success and outcome is not None and not outcome.resolved:
+        return None
+    used = [len(trajectory.turns) / max(1, config.step_budget)]
+    tokens = trajectory.prompt_tokens + trajectory.completion_tokens
+    if tokens:
+        used.append(tokens / max(1, config.token_budget))
+    if trajectory.wall_s:
+        used.append(trajectory.wall_s / max(1e-9, config.wall_budget_s))
+    return 1.0 - sum(min(1.0, u) for u in used) / len(used)
+
+
+READ_ONLY = frozenset({"read_file", "grep", "glob", "list_dir", "semantic_search"})
+
+
+@register_term("parallelism")
+def parallelism(trajectory: Trajectory) -> float | None:
+    """How well runs of consecutive read-only turns were batched: (calls - turns) / (calls - 1)
+    summed over runs; 1 = all in one turn, 0 = one call per turn. None if no run has two calls.
+
+    NOTE: we cannot know whether a read depended on the previous one; consecutive read-only
+    turns are our proxy for "independent calls".
+    """
+    runs: list[tuple[int, int]] = []  # (calls, turns) per run
+    calls = turns = 0
+    for turn in trajectory.turns:
+        names = [t.call.name for t in turn.tool_executions]
+        if names and all(n in READ_ONLY for n in names):
+            calls, turns = calls + len(names), turns + 1
+            continue
+        runs.append((calls, turns))
+        calls = turns = 0
+    runs.append((calls, turns))
+    runs = [r for r in runs if r[0] >= 2]
+    if not runs:
+        return None
+    return sum(c - t for c, t in runs) / sum(c - 1 for c, _ in runs)
+
+
+# --- broken calls ------------------------------------------------------------------------------
+
+
+@register_term("broken_calls")
+def broken_calls(trajectory: Trajectory, config: RewardConfig) -> float:
+    """-min(1, n * penalty): each malformed call (parse error) or failing call (ok=False) costs.
+    Always applies, so an episode full of broken calls cannot dodge its negative outcome."""
+    return -min(1.0, trajectory.broken_calls * config.broken_call_penalty)
+
+
+# --- unsupported claims ------------------------------------------------------------------------
+
+_TEST_CMD = re.compile(r"\b(pytest|py\.test|unittest|tox|nox)\b|\bmake\s+(test|check)\b|manage\.py\s+test\b")
+_EDIT_CMD = re.compile(r"\bsed\s+-i|\bpatch\s+-p|\bgit\s+(apply|checkout|restore)\b|\bperl\s+-pi")
+_CLAIM = re.compile(
+    r"\b(all\s+)?(the\s+)?tests?\s+(now\s+|all\s+)?(pass(es|ed|ing)?|succeed(s|ed)?|are\s+(passing|green)|(is|are)\s+green)\b"
+    r"|\b(bug|issue|problem|error|failure)\s+(is|has\s+been|was|should\s+(now\s+)?be)\s+(now\s+)?(fixed|resolved|solved)\b"
+    r"|\b(i(\s+have|'ve)?|have)\s+(fixed|resolved|solved)\b|\bfixed\s+the\s+(bug|issue|problem)\b|\bverified\b|\bconfirmed\b"
+)
+_NEGATION = re.compile(r"n't\b|\b(not|never|unable|couldn't|cannot|can't|no\s+longer|fail(s|ed|ing)?|yet|unless|if)\b")
+
+
+def claims_success(text: str) -> bool:
+    """A sentence that says tests pass / the bug is fixed, without a negation or hedge in it."""
+    for sentence in re.split(r"(?<=[.!?\n])\s+", text.lower()):
+        if _CLAIM.search(sentence) and not _NEGATION.search(sentence):
+            return True
+    return False
+
+
+def is_test_run(ex: ToolExecution) -> bool:
+    return ex.call.name == "run_terminal" and bool(_TEST_CMD.search(str(ex.call.arguments.get("command", ""))))
+
+
+def is_edit(ex: ToolExecution) -> bool:
+    if ex.call.name in ("edit_file", "write_file"):
+        return ex.result.ok
+    return ex.call.name == "run_terminal" and bool(_EDIT_CMD.search(str(ex.call.arguments.get("command", ""))))
+
+
+def test_run_passed(ex: ToolExecution) -> bool:
+    """Exit code from result.meta["exit_code"]; failing that, read pytest/unittest output."""
+    if not ex.result.ok:
+        return False
+    code = ex.result.meta.get("exit_code", ex.result.meta.get("returncode"))
+    if isinstance(code, int):
+        return code == 0
+    out = ex.result.output
+    if re.search(r"\b\d+\s+(failed|errors?)\b|^FAILED|Traceback|^ERROR", out, re.M):
+        return False
+    return bool(re.search(r"\b\d+\s+passed\b|^OK\b", out, re.M))
+
+
+def last_test_evidence(trajectory: Trajectory) -> str:
+    """Last test run: "passed", "failed", "stale" (edits after it) or "none" (no run at all)."""
+    calls = trajectory.tool_calls
+    runs = [i for i, ex in enumerate(calls) if is_test_run(ex)]
+    edits = [i for i, ex in enumerate(calls) if is_edit(ex)]
+    if not runs:
+        return "none"
+    if edits and edits[-1] > runs[-1]:
+        return "stale"
+    return "passed" if test_run_passed(calls[runs[-1]]) else "failed"
+
+
+@register_term("unsupported_claims")
+def unsupported_claims(trajectory: Trajectory) -> float:
+    """-1 when the final message claims success but no test ran after the last edit, or the last
+    test run failed; 0 otherwise (no claim, or a claim backed by a passing run)."""
+    if not claims_success(trajectory.final_message):
+        return 0.0
+    return 0.0 if last_test_evidence(trajectory) == "passed" else -1.0
+
+
+# --- needless clarification ----------------------------------------------------------------------
+
+_ASKS = re.compile(
+    r"\b(could|can|would)\s+you\s+(please\s+)?(clarify|provide|share|confirm|specify|tell|explain|give)\b"
+    r"|\bplease\s+(clarify|confirm|specify|provide)\b|\b(which|what)\s+(one|file|version|behaviou?r|option)\b[^.?]*\?"
+    r"|\bdo\s+you\s+want\s+me\s+to\b|\bshould\s+i\b[^.?]*\?|\bbefore\s+i\s+(proceed|start|continue)\b"
+)
+
+
+def asks_question(text: str) -> bool:
+    """The message asks the user something: it ends with '?' or uses a clarification phrase."""
+    t = text.strip().lower()
+    return t.endswith("?") or bool(_ASKS.search(t))
+
+
+def _made_edits(trajectory: Trajectory) -> bool:
+    return bool(trajectory.diff.strip()) or any(is_edit(ex) for ex in trajectory.tool_calls)
+
+
+@register_term("needless_clarification")
+def needless_clarification(trajectory: Trajectory, task: Task | None, config: RewardConfig) -> float | None:
+    """-1 when the agent answered with a question instead of acting (no edits made) and the task
+    gave enough to act; 0 when it acted or the task needs a question
+    (task.meta["clarification"] == "needed"); None when the policy is "allow"."""
+    policy = (task.meta.get("clarification") if task else None) or trajectory.meta.get("clarification")
+    if config.clarification == "allow" or policy == "allowed":
+        return None
+    asked = [m for m in trajectory.messages if m.role == "assistant" and not m.tool_calls and asks_question(m.content)]
+    if not asked or policy == "needed" or _made_edits(trajectory):
+        return 0.0
+    return -1.0
+
+
+# --- verbosity ---------------------------------------------------------------------------------
+
+
+@register_term("verbosity")
+def verbosity(trajectory: Trajectory, config: RewardConfig) -> float | None:
+    """0 up to the word budget, then -(excess / budget) down to -1. None without a final answer."""
+    words = len(trajectory.final_message.split())
+    if not words:
+        return None
+    budget = max(1, config.verbosity_budget_words)
+    return -min(1.0, max(0, words - budget) / budget)
