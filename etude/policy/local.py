@@ -1,0 +1,221 @@
+"""A local policy: any Hugging Face causal LM through transformers, on CPU or GPU.
+
+`LocalPolicy` implements `protocols.Policy`. Every `Generation` it returns carries the prompt
+token ids it conditioned on, the sampled token ids and, per sampled token, the log-probability
+under the distribution actually sampled from (logits / temperature, then top-p truncation and
+renormalisation). The trainer uses those as behaviour log-probs for importance correction.
+
+Guarantees:
+- batched sampling (`generate_batch`) with left padding and the KV cache (transformers'
+  `generate`), `n` samples per prompt, returned flat and prompt-major;
+- the end-of-turn token (`<|im_end|>` for SmolLM2) is included in `token_ids` / `logprobs`
+  when the model emitted it (so training teaches the model to stop); `text` omits it;
+- no hidden sampling knobs: top-k and repetition penalties of the model's generation config
+  are switched off, so the behaviour distribution is exactly temperature + top-p;
+- `load_weights` swaps weights under a lock between generations and bumps `version`.
+
+Not guaranteed: bit-identical log-probs to a fresh full forward pass (KV cache and padding
+change float rounding by ~1e-5); determinism across devices. `temperature == 0` is greedy and
+reports the log-prob of the chosen token under the untempered model.
+
+`native_tools = False`: the harness renders tools into the system prompt and parses
+`<tool_call>` text, so `tools` passed here are ignored by design (rendering them again would
+duplicate them). Assistant messages with structured `tool_calls` whose text lacks them are
+rendered back as `<tool_call>{json}</tool_call>` so the model sees its own calls.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.types import Generation, Message
+
+from .models import load_model
+
+__all__ = ["LocalPolicy", "load_model", "render_messages"]
+
+
+def render_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """Messages → the plain dicts a chat template expects."""
+    out = []
+    for m in messages:
+        content = m.content
+        if m.role == "assistant" and m.tool_calls and "<tool_call>" not in content:
+            calls = "".join(
+                "<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
+                for c in m.tool_calls
+            )
+            content = (content + "\n" + calls) if content else calls
+        out.append({"role": m.role, "content": content})
+    return out
+
+
+class LocalPolicy:
+    """A transformers causal LM behind `protocols.Policy`, with batched sampling and log-probs."""
+
+    native_tools = False
+
+    def __init__(self, model: Any, tokenizer: Any, *, id: str = "local", version: int = 0, top_p: float = 1.0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.id = id
+        self.version = version
+        self.top_p = top_p  # default nucleus mass for every call; 1.0 = plain tempered softmax
+        self._lock = threading.Lock()
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer.padding_side = "left"
+
+    @classmethod
+    def from_pretrained(cls, name: str = "smollm2", *, id: str | None = None, device: str | None = None,
+                        dtype: Any = None, top_p: float = 1.0) -> LocalPolicy:
+        """`"smollm2"` (default), `"tiny"` (random, for tests) or a model directory."""
+        model, tok = load_model(name, dtype=dtype)
+        if device:
+            model.to(device)
+        return cls(model, tok, id=id or Path(name).name, top_p=top_p)
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            ids.add(im_end)
+        return sorted(i for i in ids if i is not None)
+
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    # --- prompts --------------------------------------------------------------------------
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat-templated conversation, ending with the assistant header."""
+        if not messages:
+            raise EtudeError("cannot generate from an empty conversation")
+        ids = self.tokenizer.apply_chat_template(
+            render_messages(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
+            ids = ids["input_ids"]
+        return list(ids)
+
+    # --- sampling -------------------------------------------------------------------------
+
+    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
+                 temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:
+        return self.generate_batch([messages], tools, n=1, max_tokens=max_tokens, temperature=temperature,
+                                   top_p=top_p, seed=seed)[0]
+
+    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (), *,
+                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float | None = None,
+                       seed: int | None = None) -> list[Generation]:
+        """`n` samples for each conversation, flat and prompt-major: [c0s0, c0s1, …, c1s0, …]."""
+        prompts = [self.encode_prompt(m) for m in conversations]
+        return self.generate_ids(prompts, n=n, max_tokens=max_tokens, temperature=temperature,
+                                 top_p=top_p, seed=seed)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 512,
+                     temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> list[Generation]:
+        """Sample from token-id prompts (what `generate_batch` and the trainer call)."""
+        if n < 1 or max_tokens < 1:
+            raise EtudeError("n and max_tokens must be at least 1")
+        top_p = self.top_p if top_p is None else top_p
+        expanded = [list(p) for p in prompts for _ in range(n)]
+        limit = self.context_length()
+        fits = [i for i, p in enumerate(expanded) if len(p) < limit]
+        out: list[Generation] = [self._overflow(p) for p in expanded]  # replaced below where the prompt fits
+        if fits:
+            max_new = max(1, min(max_tokens, limit - max(len(expanded[i]) for i in fits)))
+            t0 = time.perf_counter()
+            with self._lock:
+                rows = self._sample([expanded[i] for i in fits], max_new, temperature, top_p, seed)
+            latency = time.perf_counter() - t0
+            for i, (ids, lps, finish) in zip(fits, rows, strict=True):
+                out[i] = self._generation(expanded[i], ids, lps, finish, latency)
+        return out
+
+    def _overflow(self, prompt: list[int]) -> Generation:
+        # The conversation no longer fits the context window: I answer nothing rather than cut
+        # the prompt (which would silently drop the system prompt and the tools).
+        return Generation(text="", prompt_token_ids=tuple(prompt), finish_reason="length",
+                          policy_id=self.id, policy_version=self.version)
+
+    def _generation(self, prompt: list[int], ids: list[int], lps: list[float], finish: str,
+                    latency: float) -> Generation:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids), logprobs=tuple(lps),
+                          finish_reason=finish, policy_id=self.id, policy_version=self.version, latency_s=latency)
+
+    def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
+                seed: int | None) -> list[tuple[list[int], list[float], str]]:
+        import torch
+        from transformers import GenerationConfig
+
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for r, p in enumerate(prompts):
+            input_ids[r, width - len(p):] = torch.tensor(p)
+            attn[r, width - len(p):] = 1
+        greedy = temperature <= 0
+        gc = GenerationConfig(
+            max_new_tokens=max_new, do_sample=not greedy, temperature=None if greedy else temperature,
+            top_p=None if greedy or top_p >= 1 else top_p, top_k=0, repetition_penalty=None,
+            eos_token_id=self.stop_token_ids, pad_token_id=pad, output_scores=True,
+            return_dict_in_generate=True, use_cache=True,
+        )
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+                                      generation_config=gc)
+        new = res.sequences[:, width:].cpu()
+        # scores[t] are the processed logits (after temperature / top-p) the token at t was drawn from.
+        logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in res.scores], dim=1).cpu()
+        chosen = logp.gather(-1, new[:, : logp.shape[1], None]).squeeze(-1)
+        return [self._cut(new[r], chosen[r]) for r in range(len(prompts))]
+
+    def _cut(self, ids: Any, lps: Any) -> tuple[list[int], list[float], str]:
+        stops = set(self.stop_token_ids)
+        toks = ids.tolist()
+        for t, tok in enumerate(toks):
+            if tok in stops:
+                return toks[: t + 1], lps[: t + 1].tolist(), "stop"
+        return toks, lps.tolist(), "length"
+
+    # --- weights --------------------------------------------------------------------------
+
+    def load_weights(self, weights: Mapping[str, Any] | str | Path, *, version: int | None = None) -> int:
+        """Replace the weights (a state dict, a safetensors file or a directory holding
+        `model.safetensors`) and bump `version` (or set it). Returns the new version."""
+        state = _read_state(weights) if isinstance(weights, (str, Path)) else dict(weights)
+        with self._lock:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+            if unexpected or set(missing) - tied:
+                raise EtudeError(f"weights do not fit the model: missing={sorted(missing)[:3]} "
+                                 f"unexpected={sorted(unexpected)[:3]}")
+            self.version = self.version + 1 if version is None else int(version)
+        return self.version
+
+
+def _read_state(path: str | Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "model.safetensors"
+    if not p.is_file():
+        raise EtudeError(f"no safetensors weights at {p}")
+    return load_file(str(p))
