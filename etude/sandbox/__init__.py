@@ -1,0 +1,32 @@
+"""The sandbox: copy-on-write workspaces and isolated, limited command execution.
+
+What it guarantees (backend "bwrap", bubblewrap 0.8, Linux; checked by tests/sandbox/):
+- The command sees a fresh root: read-only /usr (+ /lib, /bin symlinks), the host interpreter
+  prefix and `ro_binds` read-only, the workspace read-write at /workspace, an empty tmpfs /tmp, a
+  synthetic /etc. Host /etc/shadow, /root, host /tmp, home directories are not visible.
+- Nothing outside /workspace (and the private /tmp) is writable; all capabilities are dropped, so
+  read-only mounts cannot be remounted.
+- No network: a private network namespace with only its own loopback; the host's loopback
+  listeners are unreachable. Separate PID, IPC, UTS, cgroup and user namespaces; uid/gid 1000.
+- Wall-clock timeout per command: the whole tree is killed (setsid children and fork bombs too;
+  the PID namespace dies with its init, and the command's cgroup is swept) and the status is 124.
+- Limits: memory (memory cgroup when writable + RLIMIT_AS), live processes (pids cgroup when
+  writable), CPU seconds, file size, open files (rlimits); output capture bounded per stream.
+- `run` is safe to call from many threads at once.
+
+What it does not guarantee:
+- It is not a VM: it shares the host kernel, so a kernel exploit escapes it.
+- Without writable cgroups and with a root launcher there is no process cap and memory is capped
+  per process only (RLIMIT_AS); see docs/sandbox.md.
+- Disk use inside the workspace and /tmp is not capped beyond the per-file size limit (tmpfs
+  pages count against the memory cgroup).
+- The "unsandboxed" backend isolates nothing; it exists for machines without bwrap and is never
+  chosen automatically.
+"""
+
+from etude.protocols import ExecResult
+from etude.sandbox.config import SandboxConfig
+from etude.sandbox.runner import BwrapSandbox, make_sandbox, run, run_passthrough
+from etude.sandbox.workspace import Workspace
+
+__all__ = ["SandboxConfig", "run", "run_passthrough", "make_sandbox", "BwrapSandbox", "Workspace", "ExecResult"]

@@ -1,0 +1,44 @@
+"""`SandboxConfig`: every knob of one sandboxed command, documented where it is declared."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Backend = Literal["bwrap", "unsandboxed"]
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and mounts for commands run by `etude.sandbox.run` / `make_sandbox`."""
+
+    backend: Backend = "bwrap"
+    """"bwrap" (isolated) or "unsandboxed" (runs on the host, NOT isolated; explicit and loud)."""
+    timeout_s: float = 60.0
+    """Wall-clock limit per command; on expiry the whole process tree is killed and the status is 124."""
+    memory_mb: int | None = 2048
+    """Memory cap: a memory cgroup (RSS + tmpfs) when writable, and RLIMIT_AS per process. None: no cap."""
+    address_space_mb: int | None = None
+    """RLIMIT_AS per process; None means `memory_mb`, 0 means no RLIMIT_AS (cgroup only)."""
+    cpu_s: int | None = 600
+    """RLIMIT_CPU per process (seconds of CPU time). None: no cap."""
+    file_size_mb: int | None = 512
+    """RLIMIT_FSIZE: largest file a process may write."""
+    open_files: int | None = 1024
+    """RLIMIT_NOFILE per process."""
+    max_procs: int | None = 256
+    """Processes/threads alive at once: pids cgroup when writable, else RLIMIT_NPROC (non-root launcher)."""
+    max_output_bytes: int = 1_000_000
+    """Per stream (stdout, stderr): capture keeps the head and the tail, drops the middle."""
+    ro_binds: tuple[str, ...] = ()
+    """Host paths bound read-only at the same path inside (e.g. a virtual environment)."""
+    path_prepend: tuple[str, ...] = ()
+    """Directories put in front of PATH inside (e.g. the venv's bin)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables inside (the rest of the environment is cleared)."""
+    bind_interpreter: bool = True
+    """Bind the host interpreter prefix (sys.base_prefix) read-only and put its bin on PATH."""
+    uid: int = 1000
+    """User id inside the sandbox (mapped to the launcher's uid on the host)."""
+    gid: int = 1000
+    """Group id inside the sandbox."""

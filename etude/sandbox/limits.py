@@ -1,0 +1,210 @@
+"""Resource limits for one command: cgroup v1 (pids, memory) when writable, rlimits via prlimit(1).
+
+What this guarantees: when the pids/memory cgroup hierarchies are writable (root launcher, cgroup v1
+mounted, as on this host), every process the command starts is in a fresh cgroup that caps the number
+of live processes and the memory, and `Cgroup.kill_all()` finds and kills every one of them, `setsid`
+or not. Rlimits (address space, CPU seconds, file size, open files) are per process and apply to the
+launcher chain too (sh -> prlimit -> bwrap), which stays far below them.
+
+What it does not: with no writable cgroup and a root launcher there is no process cap (RLIMIT_NPROC
+does not bind uid 0); the memory cap is then RLIMIT_AS only, per process. cgroup v2 is not used (this
+host's v2 hierarchy has no memory/pids controllers); see docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import shutil
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etude.sandbox.config import SandboxConfig
+
+_MB = 1024 * 1024
+
+
+@functools.cache
+def _v1_mounts() -> dict[str, Path]:
+    """controller -> mount point of each cgroup v1 hierarchy (from /proc/self/mountinfo)."""
+    mounts: dict[str, Path] = {}
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return mounts
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(rparts) < 3 or rparts[0] != "cgroup":
+            continue
+        for opt in rparts[2].split(","):
+            if opt in ("pids", "memory"):
+                mounts[opt] = Path(parts[4])
+    return mounts
+
+
+@functools.cache
+def _own_cgroup(controller: str) -> str:
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            if controller in ctrls.split(","):
+                return path
+    except OSError:
+        pass
+    return "/"
+
+
+_probe_lock = threading.Lock()
+_usable: dict[str, Path | None] = {}
+
+
+def controller_base(controller: str) -> Path | None:
+    """The directory under which we may create child cgroups for `controller`, or None."""
+    with _probe_lock:
+        if controller not in _usable:
+            _usable[controller] = _probe(controller)
+        return _usable[controller]
+
+
+def _probe(controller: str) -> Path | None:
+    mount = _v1_mounts().get(controller)
+    if mount is None or os.environ.get("ETUDE_SANDBOX_NO_CGROUP"):
+        return None
+    base = mount / _own_cgroup(controller).lstrip("/")
+    probe = base / f"etude-probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError:
+        return None
+    return base
+
+
+@dataclass
+class Cgroup:
+    """A fresh cgroup per command, in every usable controller (pids, memory)."""
+
+    dirs: list[Path] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, cfg: SandboxConfig) -> Cgroup:
+        cg = cls()
+        name = f"etude-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        for ctrl, limits in (("pids", _pids_limits(cfg)), ("memory", _memory_limits(cfg))):
+            base = controller_base(ctrl)
+            if base is None or not limits:
+                continue
+            d = base / name
+            try:
+                d.mkdir()
+                cg.dirs.append(d)
+                for fname, value in limits:
+                    (d / fname).write_text(value)
+            except OSError:
+                # NOTE: a controller that refuses a write (e.g. memsw absent) must not break the run.
+                continue
+        return cg
+
+    @property
+    def controllers(self) -> list[str]:
+        return [_ctrl_of(d) for d in self.dirs]
+
+    def enter_script(self) -> str:
+        """Shell prefix that moves the shell (about to exec the command) into every cgroup."""
+        return "".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))} && " for d in self.dirs)
+
+    def pids(self) -> set[int]:
+        out: set[int] = set()
+        for d in self.dirs:
+            try:
+                out.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            except OSError:
+                pass
+        return out
+
+    def kill_all(self, deadline_s: float = 5.0) -> bool:
+        """SIGKILL every member until none is left (fork bombs respawn). True when empty."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            pids = self.pids()
+            if not pids:
+                return True
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.005)
+        return not self.pids()
+
+    def destroy(self) -> None:
+        """Kill anything left and remove the cgroup directories."""
+        if self.pids():
+            self.kill_all()
+        for d in self.dirs:
+            for _ in range(200):  # zombies still count until reaped; wait briefly
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.005)
+        self.dirs.clear()
+
+    def memory_oom_killed(self) -> bool:
+        """True when the kernel OOM-killed something in the memory cgroup (limit hit)."""
+        for d in self.dirs:
+            try:
+                text = (d / "memory.oom_control").read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, val = line.partition(" ")
+                if key == "oom_kill" and val.strip() not in ("", "0"):
+                    return True
+        return False
+
+
+def _ctrl_of(d: Path) -> str:
+    return "memory" if (d / "memory.limit_in_bytes").exists() else "pids"
+
+
+def _pids_limits(cfg: SandboxConfig) -> list[tuple[str, str]]:
+    return [("pids.max", str(cfg.max_procs))] if cfg.max_procs else []
+
+
+def _memory_limits(cfg: SandboxConfig) -> list[tuple[str, str]]:
+    if not cfg.memory_mb:
+        return []
+    b = str(cfg.memory_mb * _MB)
+    # memsw after limit_in_bytes: the kernel requires memsw >= mem at every step; no swap escape.
+    return [("memory.limit_in_bytes", b), ("memory.memsw.limit_in_bytes", b)]
+
+
+def prlimit_argv(cfg: SandboxConfig, *, cgroup_has_pids: bool) -> list[str]:
+    """`prlimit --as=... -- ` prefix, or [] when prlimit(1) is missing (macOS): then no rlimits."""
+    exe = shutil.which("prlimit", path="/usr/bin:/bin")
+    if exe is None:
+        return []
+    args = [exe, "--core=0"]
+    as_mb = cfg.memory_mb if cfg.address_space_mb is None else cfg.address_space_mb
+    if as_mb:
+        args.append(f"--as={as_mb * _MB}")
+    if cfg.cpu_s:
+        args.append(f"--cpu={int(cfg.cpu_s)}")
+    if cfg.file_size_mb:
+        args.append(f"--fsize={cfg.file_size_mb * _MB}")
+    if cfg.open_files:
+        args.append(f"--nofile={cfg.open_files}")
+    if cfg.max_procs and not cgroup_has_pids and os.geteuid() != 0:
+        # NOTE: RLIMIT_NPROC counts every process of the launcher's uid, not just ours; only a
+        # fallback. For uid 0 the kernel ignores it, so we do not pretend.
+        args.append(f"--nproc={cfg.max_procs}")
+    return args

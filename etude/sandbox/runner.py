@@ -1,0 +1,138 @@
+"""`run`, `make_sandbox` and the two backends (bwrap; explicit, loud "unsandboxed")."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etude.errors import EtudeError
+from etude.protocols import ExecResult
+from etude.sandbox.bwrap import bwrap_argv, inside_path
+from etude.sandbox.config import SandboxConfig
+from etude.sandbox.limits import Cgroup, prlimit_argv
+from etude.sandbox.process import TIMEOUT_STATUS, kill_tree, spawn_and_wait
+
+_LAUNCHER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+_warned = threading.Event()
+
+
+def _check(argv: Sequence[str], workspace: Path, cfg: SandboxConfig) -> Path:
+    if not argv:
+        raise EtudeError("sandbox: empty command")
+    if cfg.backend not in ("bwrap", "unsandboxed"):
+        raise EtudeError(f"sandbox: unknown backend {cfg.backend!r} (use 'bwrap' or 'unsandboxed')")
+    ws = Path(workspace)
+    if not ws.is_dir():
+        raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
+    return ws.resolve()
+
+
+def _warn_unsandboxed() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        print(
+            "etude: WARNING: sandbox backend 'unsandboxed': commands run on the host with your "
+            "privileges, NO isolation (no filesystem, network or process separation)",
+            file=sys.stderr,
+        )
+
+
+def _command(argv: Sequence[str], ws: Path, cfg: SandboxConfig, cg: Cgroup) -> tuple[list[str], dict[str, str], Path | None]:
+    """The launcher argv (sh -> prlimit -> bwrap -> CMD), its environment and cwd."""
+    lim = prlimit_argv(cfg, cgroup_has_pids="pids" in cg.controllers)
+    if cfg.backend == "bwrap":
+        inner, env, cwd = bwrap_argv(list(argv), ws, cfg), dict(_LAUNCHER_ENV), None
+    else:
+        _warn_unsandboxed()
+        env = {"PATH": inside_path(cfg), "HOME": str(ws), "LANG": "C.UTF-8", "ETUDE_UNSANDBOXED": "1", **cfg.env}
+        inner, cwd = list(argv), ws
+    full = lim + inner
+    if cg.dirs:
+        # The shell joins the cgroups and then execs (same pid), so the very first process of the
+        # command is already counted: no window in which it could fork uncounted.
+        full = ["/bin/sh", "-c", cg.enter_script() + 'exec "$@"', "sh", *full]
+    return full, env, cwd
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    workspace: Path,
+    config: SandboxConfig | None = None,
+    timeout_s: float | None = None,
+    stdin: str | None = None,
+) -> ExecResult:
+    """Run `argv` isolated with `workspace` at /workspace; returns status (124 on timeout) and output."""
+    cfg = config or SandboxConfig()
+    ws = _check(argv, workspace, cfg)
+    limit = cfg.timeout_s if timeout_s is None else timeout_s
+    if limit <= 0:
+        raise EtudeError(f"sandbox: timeout must be positive, got {limit}")
+    cg = Cgroup.create(cfg)
+    try:
+        full, env, cwd = _command(argv, ws, cfg, cg)
+        return spawn_and_wait(
+            full, timeout_s=limit, stdin=stdin, max_output_bytes=cfg.max_output_bytes, cgroup=cg, env=env, cwd=cwd
+        )
+    finally:
+        cg.destroy()
+
+
+def run_passthrough(argv: Sequence[str], *, workspace: Path, config: SandboxConfig | None = None) -> int:
+    """Like `run`, but CMD's stdin/stdout/stderr are ours (for `etude sandbox exec`). Returns the status."""
+    cfg = config or SandboxConfig()
+    ws = _check(argv, workspace, cfg)
+    cg = Cgroup.create(cfg)
+    try:
+        full, env, cwd = _command(argv, ws, cfg, cg)
+        proc = subprocess.Popen(full, env=env, cwd=cwd, close_fds=True, start_new_session=True)
+        try:
+            code = proc.wait(timeout=cfg.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc, cg)
+            proc.wait()
+            return TIMEOUT_STATUS
+        except KeyboardInterrupt:
+            kill_tree(proc, cg)
+            proc.wait()
+            raise
+        cg.kill_all()
+        return 128 - code if code < 0 else code
+    finally:
+        cg.destroy()
+
+
+@dataclass
+class BwrapSandbox:
+    """`protocols.Sandbox` over `run`: one workspace, one config, many commands (thread-safe)."""
+
+    workspace: Path
+    config: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def exec(self, argv: Sequence[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        return run(argv, workspace=self.workspace, config=self.config, timeout_s=timeout_s, stdin=stdin)
+
+
+def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapSandbox:
+    """A `protocols.Sandbox` for `workspace`. Fails now (clear error) if the backend is unusable."""
+    cfg = config or SandboxConfig()
+    ws = Path(workspace)
+    if not ws.is_dir():
+        raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
+    if cfg.backend == "bwrap":
+        from etude.sandbox.bwrap import bwrap_exe, ro_bind_paths
+
+        bwrap_exe()
+        ro_bind_paths(cfg)
+    elif cfg.backend == "unsandboxed":
+        _warn_unsandboxed()
+    else:
+        raise EtudeError(f"sandbox: unknown backend {cfg.backend!r} (use 'bwrap' or 'unsandboxed')")
+    return BwrapSandbox(workspace=ws.resolve(), config=cfg)
+
+
+__all__ = ["run", "run_passthrough", "make_sandbox", "BwrapSandbox"]

@@ -1,0 +1,222 @@
+"""Copy-on-write workspaces: a fresh writable view of a template repository per episode.
+
+Kinds, tried in this order by `kind="auto"`:
+- "overlay": overlayfs mounted by the launcher (root needed): lowerdir = template (never written),
+  upper/work dirs private to this workspace; creation costs one mount, not a copy. `diff()` only
+  looks at what the upper dir holds.
+- "worktree": `git worktree add --detach` when the template is a clean git checkout.
+- "copy": a full copy (`shutil.copytree`, symlinks kept).
+Guarantees: the template is never modified (except git's bookkeeping under .git/worktrees for the
+worktree kind); `close()` unmounts and deletes everything; a workspace left mounted by a crashed
+process is cleaned up by the next `Workspace.create` in the same root (its owner pid is dead).
+Does not: snapshot the template (changing the template under a live overlay is undefined, as with
+any overlayfs lower dir), or limit how much a workspace may write (the sandbox's file-size rlimit
+caps single files only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from etude.errors import EtudeError
+from etude.sandbox.diff import tree_diff, walk_files
+
+Kind = Literal["auto", "overlay", "worktree", "copy"]
+_MNT_DETACH = 2
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_sweep_lock = threading.Lock()
+
+
+def default_root() -> Path:
+    """Where workspaces live: $ETUDE_WORKSPACES, else <tmp>/etude-workspaces."""
+    return Path(os.environ.get("ETUDE_WORKSPACES") or Path(tempfile.gettempdir()) / "etude-workspaces")
+
+
+def _mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    # NOTE: redirect_dir/metacopy off keep every change visible as a plain file in upper, which
+    # is what diff() reads; some kernels lack the options, so retry without them.
+    for extra in (",redirect_dir=off,metacopy=off,index=off", ""):
+        if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, (opts + extra).encode()) == 0:
+            return
+    err = ctypes.get_errno()
+    raise OSError(err, f"overlay mount failed: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    _libc.umount2(str(target).encode(), _MNT_DETACH)
+
+
+def _is_mount(p: Path) -> bool:
+    try:
+        return p.is_mount()
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Workspace:
+    """A writable copy-on-write view of `template` at `path`; use as a context manager."""
+
+    def __init__(self, template: Path, base: Path, path: Path, kind: str) -> None:
+        self.template, self.base, self.path, self.kind = template, base, path, kind
+        self._closed = False
+
+    @classmethod
+    def create(cls, template: Path | str, *, kind: Kind = "auto", root: Path | None = None) -> Workspace:
+        """A fresh workspace from `template` (a directory). Raises EtudeError on bad input."""
+        tpl = Path(template).resolve()
+        if not tpl.is_dir():
+            raise EtudeError(f"workspace template is not a directory: {template}")
+        if kind not in ("auto", "overlay", "worktree", "copy"):
+            raise EtudeError(f"unknown workspace kind {kind!r} (auto, overlay, worktree, copy)")
+        root = Path(root or default_root())
+        root.mkdir(parents=True, exist_ok=True)
+        sweep_stale(root)
+        base = Path(tempfile.mkdtemp(prefix="ws-", dir=root))
+        (base / "owner.pid").write_text(str(os.getpid()))
+        try:
+            path, made = _materialise(tpl, base, kind)
+        except BaseException:
+            _remove(base)
+            raise
+        return cls(tpl, base, path, made)
+
+    def diff(self) -> str:
+        """Unified patch (a/ b/ prefixes, `git apply`-able in the template) of every change."""
+        if self._closed:
+            raise EtudeError("workspace is closed")
+        candidates = _overlay_candidates(self.base / "upper", self.template) if self.kind == "overlay" else None
+        return tree_diff(self.template, self.path, candidates)
+
+    def close(self) -> None:
+        """Unmount and delete everything (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.kind == "worktree":
+            subprocess.run(["git", "-C", str(self.template), "worktree", "remove", "--force", str(self.path)],
+                           capture_output=True, check=False)
+        _remove(self.base)
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Workspace(kind={self.kind!r}, path={str(self.path)!r}, template={str(self.template)!r})"
+
+
+def _materialise(tpl: Path, base: Path, kind: Kind) -> tuple[Path, str]:
+    order = [kind] if kind != "auto" else ["overlay", "worktree", "copy"]
+    errors = []
+    for k in order:
+        try:
+            if k == "overlay":
+                return _make_overlay(tpl, base), k
+            if k == "worktree":
+                return _make_worktree(tpl, base), k
+            return _make_copy(tpl, base), k
+        except (OSError, subprocess.CalledProcessError, _Unsuitable) as e:
+            errors.append(f"{k}: {e}")
+    raise EtudeError("cannot create workspace: " + "; ".join(errors))
+
+
+class _Unsuitable(Exception):
+    pass
+
+
+def _make_overlay(tpl: Path, base: Path) -> Path:
+    if os.geteuid() != 0:
+        raise _Unsuitable("needs root")
+    if any(c in str(tpl) for c in ",:\\"):
+        raise _Unsuitable("template path has characters overlayfs options cannot hold")
+    upper, work, merged = base / "upper", base / "work", base / "merged"
+    for d in (upper, work, merged):
+        d.mkdir()
+    _mount_overlay(tpl, upper, work, merged)
+    return merged
+
+
+def _make_worktree(tpl: Path, base: Path) -> Path:
+    if not (tpl / ".git").exists() or shutil.which("git") is None:
+        raise _Unsuitable("template is not a git checkout")
+    status = subprocess.run(["git", "-C", str(tpl), "status", "--porcelain"], capture_output=True, text=True, check=True)
+    if status.stdout.strip():
+        raise _Unsuitable("template has uncommitted changes")
+    tree = base / "tree"
+    subprocess.run(["git", "-C", str(tpl), "worktree", "add", "--detach", str(tree), "HEAD"],
+                   capture_output=True, check=True)
+    return tree
+
+
+def _make_copy(tpl: Path, base: Path) -> Path:
+    tree = base / "tree"
+    shutil.copytree(tpl, tree, symlinks=True)
+    return tree
+
+
+def _overlay_candidates(upper: Path, template: Path) -> set[str]:
+    """Paths that may differ: everything in upper, plus the template's files under any whiteout
+    or opaque directory (their lower content is hidden)."""
+    out: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(upper):
+        rel_dir = os.path.relpath(dirpath, upper)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        if rel_dir and _opaque(Path(dirpath)):
+            out.update(walk_files(template, rel_dir))
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            out.add(rel)
+            if (template / rel).is_dir() and not (template / rel).is_symlink():
+                out.update(walk_files(template, rel))  # whiteout (or file) over a lower directory
+    return out
+
+
+def _opaque(d: Path) -> bool:
+    try:
+        return os.getxattr(d, "trusted.overlay.opaque", follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def _remove(base: Path) -> None:
+    merged = base / "merged"
+    if _is_mount(merged):
+        _umount(merged)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def sweep_stale(root: Path) -> int:
+    """Remove workspaces under `root` whose owner process is gone (a crash left them). Returns count."""
+    n = 0
+    with _sweep_lock:
+        for base in root.glob("ws-*"):
+            try:
+                pid = int((base / "owner.pid").read_text())
+            except (OSError, ValueError):
+                continue  # being created right now, or not ours
+            if not _pid_alive(pid):
+                _remove(base)
+                n += 1
+    return n
