@@ -41,5 +41,5 @@ def train_curve(recipe: str, steps: int = 40, lr: float = 3e-3, seed: int = 0) -
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
     return losses
