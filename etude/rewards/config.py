@@ -67,8 +67,8 @@ class RewardConfig:
     wall_budget_s: float = 600.0
     """efficiency: wall-clock seconds of the episode."""
     efficiency_requires_success: bool = True
-    """efficiency applies only to resolved episodes (when an outcome exists), so giving up fast
-    is never rewarded."""
+    """efficiency applies only to resolved episodes (None without an outcome), so giving up fast
+    is never rewarded; production speed is the `latency` term's job."""
     broken_call_penalty: float = 0.25
     """broken_calls: cost of each malformed or failing call (the term is -min(1, n * this))."""
     clarification: Clarification = "penalise"

@@ -70,8 +70,11 @@ def correctness(outcome: Outcome | None, config: RewardConfig) -> float | None:
 
 @register_term("efficiency")
 def efficiency(trajectory: Trajectory, outcome: Outcome | None, config: RewardConfig) -> float | None:
-    """1 - mean share of the step, token and wall-time budgets used (each capped at 1)."""
-    if config.efficiency_requires_success and outcome is not None and not outcome.resolved:
+    """1 - mean share of the step, token and wall-time budgets used (each capped at 1).
+
+    With `efficiency_requires_success` (default) it applies to resolved episodes only — also not
+    without an outcome — so quitting early or crashing is never rewarded for being quick."""
+    if config.efficiency_requires_success and (outcome is None or not outcome.resolved):
         return None
     used = [len(trajectory.turns) / max(1, config.step_budget)]
     tokens = trajectory.prompt_tokens + trajectory.completion_tokens

@@ -1,0 +1,95 @@
+"""Each built-in reward term on trajectories shaped as the harness records them."""
+
+from __future__ import annotations
+
+import pytest
+from rewards_builders import ex, outcome, task, traj, turn
+
+from etude.rewards import RewardConfig
+from etude.rewards import terms as T
+
+CFG = RewardConfig()
+
+
+def test_correctness_resolved_unresolved_and_partial() -> None:
+    assert T.correctness(outcome(True), CFG) == 1.0
+    half = outcome(False, {"a": "passed", "b": "failed"}, {"c": "passed"})
+    assert T.correctness(half, CFG) == 0.0
+    assert T.correctness(half, RewardConfig(partial_credit=True)) == 0.5
+    broke_p2p = outcome(False, {"a": "passed", "b": "failed"}, {"c": "failed"})
+    assert T.correctness(broke_p2p, RewardConfig(partial_credit=True)) == 0.0
+    assert T.correctness(None, CFG) is None
+
+
+def test_efficiency_uses_budgets_and_skips_failures() -> None:
+    cfg = RewardConfig(step_budget=10, token_budget=1000, wall_budget_s=100)
+    t = traj(*[turn(ex("read_file", path="a.py"))] * 5, tokens=500, wall_s=200)
+    assert T.efficiency(t, outcome(True), cfg) == pytest.approx(1 - (0.5 + 0.5 + 1.0) / 3)
+    assert T.efficiency(t, outcome(False), cfg) is None  # giving up fast is never rewarded
+    assert T.efficiency(t, None, cfg) is None
+    lenient = RewardConfig(step_budget=10, token_budget=1000, wall_budget_s=100, efficiency_requires_success=False)
+    assert T.efficiency(t, None, lenient) == pytest.approx(1 - 2 / 3)
+
+
+def test_parallelism_rewards_batched_reads() -> None:
+    batched = traj(turn(ex("read_file", path="a"), ex("grep", pattern="x"), ex("glob", pattern="*")))
+    serial = traj(turn(ex("read_file", path="a")), turn(ex("grep", pattern="x")), turn(ex("glob", pattern="*")))
+    mixed = traj(turn(ex("read_file", path="a"), ex("grep", pattern="x")), turn(ex("read_file", path="b")))
+    assert T.parallelism(batched) == 1.0
+    assert T.parallelism(serial) == 0.0
+    assert T.parallelism(mixed) == 0.5
+    assert T.parallelism(traj(turn(ex("read_file", path="a")), turn(ex("edit_file", path="a")))) is None
+
+
+def test_broken_calls_penalised_per_call_and_never_skipped() -> None:
+    t = traj(turn(ex("edit_file", ok=False, path="a"), parse_errors=("bad JSON",)), turn(ex("read_file", path="a")))
+    assert t.broken_calls == 2
+    assert T.broken_calls(t, CFG) == -0.5
+    assert T.broken_calls(traj(*[turn(parse_errors=("x",) * 9)]), CFG) == -1.0
+    assert T.broken_calls(traj(turn(ex("read_file", path="a"))), CFG) == 0.0
+
+
+EDIT = ex("edit_file", path="m.py", old_str="a", new_str="b")
+PASS = ex("run_terminal", command="python -m pytest -q", output="3 passed in 0.1s", exit_code=0)
+FAIL = ex("run_terminal", command="pytest tests/", output="1 failed, 2 passed", exit_code=1)
+
+
+@pytest.mark.parametrize(
+    ("turns", "final", "want"),
+    [
+        ((turn(EDIT), turn(PASS)), "I fixed the bug and all tests pass.", 0.0),
+        ((turn(EDIT),), "I fixed the bug and all tests pass.", -1.0),  # never ran the tests
+        ((turn(PASS), turn(EDIT)), "The bug is fixed.", -1.0),  # edit after the last run
+        ((turn(EDIT), turn(FAIL)), "Tests now pass.", -1.0),  # last run failed
+        ((turn(EDIT),), "I changed m.py; I could not run the tests.", 0.0),  # no claim
+        ((turn(EDIT), turn(FAIL)), "The tests still fail; the bug is not fixed yet.", 0.0),
+    ],
+)
+def test_unsupported_claims(turns: tuple, final: str, want: float) -> None:
+    assert T.unsupported_claims(traj(*turns, final=final)) == want
+
+
+def test_test_run_status_read_from_output_when_no_exit_code() -> None:
+    run = ex("run_terminal", command="make test", output="FAILED tests/test_a.py::test_x\n1 failed")
+    assert T.is_test_run(run) and not T.test_run_passed(run)
+    ok = ex("run_terminal", command="python -m unittest", output="Ran 3 tests in 0.01s\n\nOK")
+    assert T.test_run_passed(ok)
+    assert not T.is_test_run(ex("run_terminal", command="ls tests"))
+
+
+def test_needless_clarification_and_its_policy() -> None:
+    asks = traj(turn(ex("read_file", path="a.py")), final="Which file do you want me to change?")
+    acted = traj(turn(EDIT), final="Done. Would you like me to add a test too?")
+    assert T.needless_clarification(asks, task(), CFG) == -1.0
+    assert T.needless_clarification(acted, task(), CFG) == 0.0
+    assert T.needless_clarification(asks, task(meta={"clarification": "needed"}), CFG) == 0.0
+    assert T.needless_clarification(asks, task(), RewardConfig(clarification="allow")) is None
+    assert T.needless_clarification(traj(final="Fixed."), task(), CFG) == 0.0
+
+
+def test_verbosity_budget() -> None:
+    cfg = RewardConfig(verbosity_budget_words=10)
+    assert T.verbosity(traj(final="short answer"), cfg) == 0.0
+    assert T.verbosity(traj(final="word " * 15), cfg) == -0.5
+    assert T.verbosity(traj(final="word " * 100), cfg) == -1.0
+    assert T.verbosity(traj(final=""), cfg) is None
