@@ -1,0 +1,65 @@
+"""`HarnessConfig`: every knob of the agent loop, documented where it is declared."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from etude.errors import EtudeError
+
+# The tools an agent gets unless told otherwise. semantic_search is opt-in: it loads an
+# embedding model, which is slow on a CPU-only machine.
+DEFAULT_TOOLS: tuple[str, ...] = ("read_file", "edit_file", "write_file", "grep", "glob", "list_dir", "run_terminal")
+
+# Tools that only read the workspace: consecutive calls to these run in parallel. Anything else
+# (edits, writes, commands) runs alone, in the order the model wrote it.
+READ_ONLY_TOOLS: frozenset[str] = frozenset({"read_file", "grep", "glob", "list_dir", "semantic_search"})
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    max_steps: int = 30
+    """Most model turns in one episode; the episode stops with `max_steps` after that many."""
+    max_total_tokens: int = 32768
+    """Context budget: the episode stops with `max_tokens` once a turn's prompt plus completion
+    reaches this many tokens (that is how long the conversation has become)."""
+    max_tokens_per_turn: int = 1024
+    """`max_tokens` passed to the policy for each turn. A turn cut at this limit that holds no
+    tool call ends the episode with `max_tokens`."""
+    time_limit_s: float = 600.0
+    """Wall-clock budget of the episode, checked between turns (a running generation or command
+    is not interrupted; commands have their own sandbox timeout)."""
+    temperature: float = 0.7
+    """Sampling temperature passed to the policy."""
+    tools: tuple[str, ...] = DEFAULT_TOOLS
+    """Names of the tools offered (from etude.tools). Calls to any other name get an error result."""
+    allow_submit: bool = True
+    """Offer the `submit` pseudo-tool, which ends the episode (stop reason `submit`). A reply
+    without tool calls always ends it too (stop reason `answer`)."""
+    parallel_tools: bool = True
+    """Run consecutive read-only calls of one turn concurrently (results keep the model's order)."""
+    max_parallel: int = 4
+    """Threads for concurrent tool calls."""
+    system_prompt: str | None = None
+    """Replaces the default system text (the tool block is still appended for text-format models)."""
+    tool_format: str = "auto"
+    """How tools are offered: "openai" passes schemas natively, "hermes" renders them into the
+    system prompt for `<tool_call>` text, "auto" picks "openai" iff the policy has
+    `native_tools = True`. Replies are read the same way in every mode: native
+    `Generation.tool_calls` when present, else `<tool_call>` blocks parsed from the text."""
+    max_observation_chars: int = 30000
+    """A tool output longer than this is cut (head and tail kept) before the model sees it."""
+
+    def __post_init__(self) -> None:
+        if self.tool_format not in ("auto", "openai", "hermes"):
+            raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
+        if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:
+            raise EtudeError("max_steps, max_parallel and max_tokens_per_turn must be at least 1")
+        object.__setattr__(self, "tools", tuple(self.tools))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> HarnessConfig:
+        return dataclasses.replace(self, **changes)

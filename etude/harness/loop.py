@@ -1,0 +1,270 @@
+"""The agent loop: prompt -> policy -> parse -> tools (in parallel) -> observations -> ... until the
+model answers without a tool call, calls `submit`, or hits a step / token / time limit.
+
+Guarantees:
+- A malformed call (bad JSON, missing name, bad arguments, unknown or disabled tool) never
+  raises and is never dropped: parse errors go to the model in one user message after the tool
+  results and are recorded in `Turn.parse_errors`; refused calls are `ToolResult(ok=False)`
+  answered in their own tool message. Both count in `Turn.broken_calls`.
+- Consecutive read-only calls of a turn run concurrently in a thread pool; edits, writes and
+  commands run alone, in the order written. Results always keep the model's order.
+- With `trajectory_path`, the trajectory is rewritten after every turn and once more in a
+  `finally:`, so an exception or Ctrl-C loses nothing that happened before it.
+- A policy that raises ends the episode with stop reason `error` (message in `meta.error`); the
+  trajectory is still returned. KeyboardInterrupt propagates after the file is written.
+
+Not guaranteed: the time limit is checked between turns, so one slow generation or command can
+overshoot it (commands are bounded by the sandbox's own timeout). Token counts come from the
+policy's token ids, else its reported usage, else an estimate of 4 characters per token
+(`meta.token_counts` says which).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
+from etude.harness.parse import parse_hermes
+from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
+from etude.harness.record import TrajectoryWriter
+from etude.protocols import Policy, ToolContext
+from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
+
+
+def run_agent(
+    policy: Policy,
+    request: str,
+    ctx: ToolContext,
+    config: HarnessConfig | None = None,
+    *,
+    task_id: str | None = None,
+    trajectory_path: str | Path | None = None,
+    diff_fn: Callable[[], str] | None = None,
+    history: Sequence[Message] | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
+) -> Trajectory:
+    """Run one episode of `policy` on `request` in the workspace of `ctx`; see the module doc."""
+    ep = _Episode(policy, request, ctx, config or HarnessConfig(), task_id, history or ())
+    writer = TrajectoryWriter(trajectory_path) if trajectory_path else None
+    try:
+        while ep.stop is None:
+            before = len(ep.turns)
+            ep.stop = ep.limit_reached() or ep.step()
+            if writer:
+                writer.write(ep.trajectory())
+            if on_turn and len(ep.turns) > before:
+                on_turn(ep.turns[-1])
+        ep.finish(diff_fn)
+        return ep.trajectory()
+    finally:
+        ep.close()
+        if writer:
+            writer.write(ep.trajectory())  # the last word, also after an exception
+            writer.close()
+
+
+class _Episode:
+    """Mutable state of one episode; `trajectory()` freezes a snapshot."""
+
+    def __init__(
+        self, policy: Policy, request: str, ctx: ToolContext, cfg: HarnessConfig, task_id: str | None,
+        history: Sequence[Message],
+    ) -> None:
+        self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
+        self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and bool(getattr(policy, "native_tools", False)))
+        self.schemas = _schemas(cfg)
+        self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt, history=history)
+        self.turns: list[Turn] = []
+        self.stop: StopReason | None = None
+        self.complete = False
+        self.meta: dict[str, Any] = {"request": request, "native_tools": self.native}
+        self.prompt_tokens = self.completion_tokens = self.context_tokens = 0
+        self.token_sources: set[str] = set()
+        self.diff = ""
+        self.episode_id = uuid.uuid4().hex
+        self.t0 = time.monotonic()
+        self._pool: ThreadPoolExecutor | None = None
+
+    # -- one turn
+
+    def step(self) -> StopReason | None:
+        try:
+            gen = self.policy.generate(
+                self.messages, self.schemas if self.native else [],
+                max_tokens=self.cfg.max_tokens_per_turn, temperature=self.cfg.temperature,
+            )
+        except Exception as e:  # noqa: BLE001 - a failing policy ends the episode, it must not lose it
+            self.meta["error"] = f"policy failed: {type(e).__name__}: {e}"
+            return "error"
+        self._count_tokens(gen)
+        calls, errors, assistant = self._read(gen)
+        self.messages.append(assistant)
+        if not calls and not errors:
+            self.turns.append(Turn(index=len(self.turns), generation=gen))
+            return "max_tokens" if gen.finish_reason == "length" else "answer"
+        execs, submitted = self._execute(calls)
+        self.messages.extend(_tool_message(x, self.cfg.max_observation_chars) for x in execs)
+        if errors:
+            self.messages.append(_error_message(errors))
+        self.turns.append(Turn(index=len(self.turns), generation=gen, tool_executions=tuple(execs), parse_errors=tuple(errors)))
+        return "submit" if submitted else None
+
+    def _read(self, gen: Generation) -> tuple[list[ToolCall], list[str], Message]:
+        """Calls and errors of a generation, and the assistant message to append. A text-format
+        reply is kept verbatim (tool_calls empty) so the next prompt holds exactly what the model
+        wrote; native calls go in `tool_calls` as the API expects."""
+        if gen.tool_calls is not None:
+            calls = [c if c.id else ToolCall(f"call_{len(self.turns)}_{k}", c.name, c.arguments) for k, c in enumerate(gen.tool_calls)]
+            errors = list(getattr(gen, "tool_call_errors", ()) or ())
+            return calls, errors, Message(role="assistant", content=gen.text, tool_calls=tuple(calls))
+        res = parse_hermes(gen.text, id_prefix=f"call_{len(self.turns)}_")
+        return list(res.tool_calls), list(res.errors), Message(role="assistant", content=gen.text)
+
+    # -- tools
+
+    def _execute(self, calls: list[ToolCall]) -> tuple[list[ToolExecution], bool]:
+        """Run the calls (up to the first `submit`); -> executions in call order, submitted?"""
+        cut = next((i for i, c in enumerate(calls) if c.name == SUBMIT and self.cfg.allow_submit), None)
+        runnable = calls if cut is None else calls[:cut]
+        execs: list[ToolExecution] = []
+        for batch in _batches(runnable, self.cfg.parallel_tools):
+            if len(batch) == 1:
+                execs.append(self._run_one(batch[0]))
+            else:
+                execs.extend(self._pool_get().map(self._run_one, batch))
+        if cut is not None:
+            execs.append(self._record(calls[cut], ToolResult(ok=True, output="Submitted."), time.monotonic()))
+            skipped = ToolResult.fail("not run: submit ended the episode")
+            execs.extend(self._record(c, skipped, time.monotonic()) for c in calls[cut + 1 :])
+        return execs, cut is not None
+
+    def _run_one(self, call: ToolCall) -> ToolExecution:
+        start = time.monotonic()
+        if call.name not in self.cfg.tools:
+            offered = list(self.cfg.tools) + ([SUBMIT] if self.cfg.allow_submit else [])
+            result = ToolResult.fail(f"unknown tool {call.name!r}; available tools: {', '.join(offered)}")
+        else:
+            try:
+                result = _call_tool(call.name, call.arguments, self.ctx)
+            except Exception as e:  # noqa: BLE001 - run_tool promises not to raise; I don't rely on it
+                result = ToolResult.fail(f"tool {call.name} crashed: {type(e).__name__}: {e}")
+        return self._record(call, result, start)
+
+    def _record(self, call: ToolCall, result: ToolResult, start: float) -> ToolExecution:
+        return ToolExecution(call=call, result=result, started_s=start - self.t0, duration_s=time.monotonic() - start)
+
+    def _pool_get(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.cfg.max_parallel, thread_name_prefix="etude-tool")
+        return self._pool
+
+    # -- limits, tokens, snapshot
+
+    def limit_reached(self) -> StopReason | None:
+        if len(self.turns) >= self.cfg.max_steps:
+            return "max_steps"
+        if self.context_tokens >= self.cfg.max_total_tokens:
+            return "max_tokens"
+        if time.monotonic() - self.t0 >= self.cfg.time_limit_s:
+            return "timeout"
+        return None
+
+    def _count_tokens(self, gen: Generation) -> None:
+        if gen.token_ids or gen.prompt_token_ids:
+            p, c, src = len(gen.prompt_token_ids), len(gen.token_ids), "ids"
+        elif getattr(gen, "prompt_tokens", None) is not None and getattr(gen, "completion_tokens", None) is not None:
+            p, c, src = int(gen.prompt_tokens), int(gen.completion_tokens), "usage"  # type: ignore[attr-defined]
+        else:
+            p, c, src = _estimate(sum(_message_chars(m) for m in self.messages)), _estimate(len(gen.text)), "estimated"
+        self.prompt_tokens += p
+        self.completion_tokens += c
+        self.context_tokens = p + c
+        self.token_sources.add(src)
+
+    def finish(self, diff_fn: Callable[[], str] | None) -> None:
+        if diff_fn is not None:
+            try:
+                self.diff = diff_fn()
+            except Exception as e:  # noqa: BLE001 - a failed diff must not lose the episode
+                self.meta["diff_error"] = f"{type(e).__name__}: {e}"
+        self.complete = True
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def trajectory(self) -> Trajectory:
+        meta = dict(self.meta, complete=self.complete, token_counts="+".join(sorted(self.token_sources)) or "none")
+        return Trajectory(
+            episode_id=self.episode_id, task_id=self.task_id,
+            policy_id=str(getattr(self.policy, "id", "")), policy_version=int(getattr(self.policy, "version", 0)),
+            messages=tuple(self.messages), turns=tuple(self.turns),
+            stop_reason=self.stop if (self.stop and self.complete) else "error",
+            diff=self.diff, wall_s=time.monotonic() - self.t0,
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+            config=dict(self.cfg.to_dict(), native_tools=self.native), meta=meta,
+        )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _call_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
+    from etude.tools import run_tool  # lazy: the tool registry imports ripgrep/sandbox helpers
+
+    return run_tool(name, args, ctx)
+
+
+def _schemas(cfg: HarnessConfig) -> list[dict[str, Any]]:
+    from etude.tools import TOOL_NAMES, tool_schemas
+
+    unknown = [n for n in cfg.tools if n not in TOOL_NAMES]
+    if unknown:
+        raise EtudeError(f"unknown tool(s) in HarnessConfig.tools: {', '.join(unknown)}; known: {', '.join(TOOL_NAMES)}")
+    schemas = list(tool_schemas(list(cfg.tools))) if cfg.tools else []
+    return schemas + ([SUBMIT_SCHEMA] if cfg.allow_submit else [])
+
+
+def _batches(calls: Sequence[ToolCall], parallel: bool) -> list[list[ToolCall]]:
+    """Group consecutive read-only calls; every other call is a batch of its own."""
+    out: list[list[ToolCall]] = []
+    for c in calls:
+        if parallel and c.name in READ_ONLY_TOOLS and out and out[-1][-1].name in READ_ONLY_TOOLS:
+            out[-1].append(c)
+        else:
+            out.append([c])
+    return out
+
+
+def _tool_message(x: ToolExecution, max_chars: int) -> Message:
+    r = x.result
+    body = r.output if r.ok else f"Error: {r.error}" + (f"\n{r.output}" if r.output else "")
+    return Message(role="tool", content=_clip(body, max_chars), tool_call_id=x.call.id, name=x.call.name)
+
+
+def _error_message(errors: Sequence[str]) -> Message:
+    lines = "\n".join(f"- {e}" for e in errors)
+    return Message(role="user", content=f"These tool calls could not be read and were not run:\n{lines}\nFix them and try again.")
+
+
+def _clip(s: str, max_chars: int) -> str:
+    if len(s) <= max_chars:
+        return s
+    half = max_chars // 2
+    return f"{s[:half]}\n[... {len(s) - 2 * half} characters cut ...]\n{s[-half:]}"
+
+
+def _message_chars(m: Message) -> int:
+    return len(m.content) + sum(len(c.name) + len(str(c.arguments)) for c in m.tool_calls)
+
+
+def _estimate(chars: int) -> int:
+    return math.ceil(chars / 4)

@@ -1,0 +1,255 @@
+"""Turn model output into tool calls: `<tool_call>{json}</tool_call>` text and OpenAI `tool_calls`.
+
+What this guarantees: every call the model attempted ends up either as a well-formed `ToolCall`
+(name is a non-empty string, arguments a JSON object) or as one error string that says what was
+wrong in a way a model can act on. Nothing is dropped silently and nothing raises.
+
+Decisions (documented in docs/harness.md):
+- JSON is parsed strictly. Trailing commas, single quotes, comments, Python literals are errors,
+  not silently repaired: the model sees the error and RL sees a broken call, so the format the
+  model learns is the one servers emit.
+- `arguments` given as a JSON *string* (OpenAI style) is accepted and decoded.
+- A missing closing `</tool_call>` is accepted when the block's JSON is complete (servers often
+  stop generation at `</tool_call>` and strip it); anything after the JSON goes back to text.
+- Code fences inside a block (```json ... ```) are stripped before decoding.
+- Unknown tool names are errors only when the caller passes `tools=`; the harness instead lets
+  execution refuse them so the refusal carries the call id (see loop.py).
+
+What it does not do: guess calls from bare JSON outside `<tool_call>` tags, or accept the
+`<function=...>` and other vendor formats.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Sequence
+from typing import Any, Literal
+
+from etude.types import ParseResult, ToolCall
+
+Format = Literal["auto", "openai", "hermes"]
+FORMATS: tuple[str, ...] = ("auto", "openai", "hermes")
+
+OPEN_TAG = "<tool_call>"
+CLOSE_TAG = "</tool_call>"
+_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
+_TRAILING_COMMA = re.compile(r",\s*[}\]]")
+_SNIPPET = 80
+
+
+def parse_output(
+    text: str, fmt: str = "auto", *, tools: Collection[str] | None = None, id_prefix: str = "call_"
+) -> ParseResult:
+    """Read one model output. `fmt`: "hermes" (`<tool_call>` text), "openai" (a chat-completions
+    response, message, or `tool_calls` list as JSON), or "auto" (openai when the text is such
+    JSON, hermes otherwise). With `tools`, calls to other names are errors."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    if fmt == "hermes":
+        return parse_hermes(text, tools=tools, id_prefix=id_prefix)
+    obj = _openai_json(text)
+    if fmt == "openai" and obj is None:
+        return ParseResult(text=text, errors=("output is not an OpenAI message, response or tool_calls list as JSON",))
+    if obj is None:
+        return parse_hermes(text, tools=tools, id_prefix=id_prefix)
+    return _parse_openai_obj(obj, tools=tools)
+
+
+# ---------------------------------------------------------------- hermes: <tool_call>{json}</tool_call>
+
+
+def parse_hermes(text: str, *, tools: Collection[str] | None = None, id_prefix: str = "call_") -> ParseResult:
+    """Parse every `<tool_call>` block of `text`; the rest is the free text."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    pieces: list[str] = []
+    for kind, body, closed in _blocks(text):
+        if kind == "text":
+            pieces.append(body)
+            continue
+        call, err, rest = _decode_block(body, closed, f"{id_prefix}{len(calls) + len(errors)}", tools)
+        if err:
+            errors.append(f"tool call {len(calls) + len(errors) + 1}: {err}")
+        if call:
+            calls.append(call)
+        pieces.append(rest)
+    stray = [p for p in pieces if CLOSE_TAG in p]
+    if stray:
+        errors.append(f"found {CLOSE_TAG} without an opening {OPEN_TAG}; wrap each call as {OPEN_TAG}{{...}}{CLOSE_TAG}")
+    return ParseResult(text=_join_text(pieces), tool_calls=tuple(calls), errors=tuple(errors))
+
+
+def _blocks(text: str) -> list[tuple[str, str, bool]]:
+    """Split into ("text", s, True) and ("call", body, closed) pieces. A block without a closing
+    tag runs to the next opening tag or the end of the text."""
+    out: list[tuple[str, str, bool]] = []
+    pos = 0
+    while (start := text.find(OPEN_TAG, pos)) != -1:
+        out.append(("text", text[pos:start], True))
+        body_start = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body_start)
+        nxt = text.find(OPEN_TAG, body_start)
+        if end != -1 and (nxt == -1 or end < nxt):
+            out.append(("call", text[body_start:end], True))
+            pos = end + len(CLOSE_TAG)
+        else:
+            stop = nxt if nxt != -1 else len(text)
+            out.append(("call", text[body_start:stop], False))
+            pos = stop
+    out.append(("text", text[pos:], True))
+    return out
+
+
+def _decode_block(
+    body: str, closed: bool, call_id: str, tools: Collection[str] | None
+) -> tuple[ToolCall | None, str | None, str]:
+    """-> (call, error, leftover text). Leftover is only non-empty for an unclosed block whose
+    JSON ended before the text did."""
+    src = _strip_fence(body.strip())
+    if not src:
+        return None, f"empty {OPEN_TAG} block", ""
+    try:
+        if closed:
+            obj, rest = json.loads(src), ""
+        else:
+            obj, end = json.JSONDecoder().raw_decode(src)
+            rest = src[end:]
+    except json.JSONDecodeError as e:
+        hint = "" if closed else f" (and the block has no closing {CLOSE_TAG})"
+        return None, _json_error(e, src) + hint, ""
+    call, err = _call_from_obj(obj, call_id, tools)
+    return call, err, rest
+
+
+def _strip_fence(s: str) -> str:
+    m = _FENCE.match(s)
+    return m.group(1).strip() if m else s
+
+
+def _json_error(e: json.JSONDecodeError, src: str) -> str:
+    hints = []
+    if _TRAILING_COMMA.search(src):
+        hints.append("trailing comma")
+    if src[e.pos : e.pos + 1] == "'":
+        hints.append("single quotes")
+    hint = f" (looks like {' and '.join(hints)}; use strict JSON)" if hints else ""
+    return f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}{hint} in {_snippet(src)}"
+
+
+def _snippet(s: str) -> str:
+    s = " ".join(s.split())
+    return repr(s if len(s) <= _SNIPPET else s[: _SNIPPET - 3] + "...")
+
+
+def _join_text(pieces: Sequence[str]) -> str:
+    return "\n".join(p.strip() for p in pieces if p.strip())
+
+
+# ---------------------------------------------------------------- one call object, either format
+
+
+def _call_from_obj(obj: Any, call_id: str, tools: Collection[str] | None) -> tuple[ToolCall | None, str | None]:
+    """Validate {"name": str, "arguments": {...} | "json string"} (also OpenAI's nested
+    {"function": {...}}) into a ToolCall, or say what is wrong."""
+    if not isinstance(obj, dict):
+        return None, f'expected a JSON object {{"name": ..., "arguments": {{...}}}}, got {type(obj).__name__}'
+    if isinstance(obj.get("function"), dict):
+        call_id = str(obj.get("id") or call_id)
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return None, 'missing "name" (a non-empty string naming the tool)'
+    name = name.strip()
+    if tools is not None and name not in tools:
+        return None, f"unknown tool {name!r}; available: {', '.join(sorted(tools))}"
+    args, err = _arguments(obj)
+    if err:
+        return None, f"{name}: {err}"
+    return ToolCall(id=call_id, name=name, arguments=args), None
+
+
+def _arguments(obj: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    if "arguments" not in obj:
+        if "parameters" in obj:
+            return {}, 'put the arguments under "arguments", not "parameters"'
+        return {}, None  # a call without arguments is fine; the tool validates what it needs
+    args = obj["arguments"]
+    if isinstance(args, str):
+        if not args.strip():
+            return {}, None
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError as e:
+            return {}, "arguments string is not valid JSON: " + _json_error(e, args).removeprefix("invalid JSON: ")
+    if args is None:
+        return {}, None
+    if not isinstance(args, dict):
+        return {}, f"arguments must be a JSON object, got {type(args).__name__}"
+    return args, None
+
+
+# ---------------------------------------------------------------- openai: chat-completions JSON
+
+
+def parse_openai_tool_calls(raw: Any, *, tools: Collection[str] | None = None, id_prefix: str = "call_") -> ParseResult:
+    """An OpenAI `tool_calls` list (as in a chat-completions message) -> ToolCalls, with one
+    error per malformed entry (bad JSON arguments, missing function name, ...)."""
+    if raw is None:
+        return ParseResult(text="")
+    if not isinstance(raw, list):
+        return ParseResult(text="", errors=(f"tool_calls must be a list, got {type(raw).__name__}",))
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for k, item in enumerate(raw):
+        default_id = f"{id_prefix}{k}"
+        if isinstance(item, dict) and "function" in item and not isinstance(item["function"], dict):
+            call, err = None, '"function" must be an object {"name", "arguments"}'
+        elif isinstance(item, dict) and "function" not in item and "name" not in item:
+            call, err = None, 'missing "function" {"name", "arguments"}'
+        else:
+            call, err = _call_from_obj(item, default_id, tools)
+        if err:
+            errors.append(f"tool call {k + 1}: {err}")
+        if call:
+            calls.append(call)
+    return ParseResult(text="", tool_calls=tuple(calls), errors=tuple(errors))
+
+
+def _openai_json(text: str) -> Any:
+    """The decoded JSON if `text` is an OpenAI response/message/tool_calls list, else None."""
+    s = text.strip()
+    if not s or s[0] not in "{[":
+        return None
+    try:
+        obj = json.loads(s)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(obj, dict) and ({"choices", "tool_calls"} & obj.keys() or {"role", "content"} <= obj.keys()):
+        return obj
+    if isinstance(obj, list) and obj and all(isinstance(x, dict) and "function" in x for x in obj):
+        return obj
+    return None
+
+
+def _parse_openai_obj(obj: Any, *, tools: Collection[str] | None) -> ParseResult:
+    if isinstance(obj, list):
+        return parse_openai_tool_calls(obj, tools=tools)
+    if "choices" in obj:
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            return ParseResult(text="", errors=("response has no choices",))
+        obj = choices[0].get("message") or choices[0].get("delta") or {}
+    content = obj.get("content") if isinstance(obj, dict) else None
+    text = content if isinstance(content, str) else ""
+    res = parse_openai_tool_calls(obj.get("tool_calls") if isinstance(obj, dict) else None, tools=tools)
+    return ParseResult(text=text, tool_calls=res.tool_calls, errors=res.errors)
+
+
+def to_json_dict(res: ParseResult) -> dict[str, Any]:
+    """The `etude parse` output shape: {"text", "tool_calls": [{"id","name","arguments"}], "errors"}."""
+    return {
+        "text": res.text,
+        "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in res.tool_calls],
+        "errors": list(res.errors),
+    }

@@ -1,0 +1,100 @@
+"""The agent's prompt: system text, tool schemas rendered for models without native tools, and the
+first messages of an episode. The server reuses these so production and training see the same
+prompt (DESIGN.md: no gap between the two).
+
+Guarantees: rendering is deterministic (schemas are dumped with sorted keys) so the same tools
+give byte-identical prompts. It does not check that schemas are valid JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from etude.harness.parse import CLOSE_TAG, OPEN_TAG
+from etude.types import Message, ToolCall
+
+SUBMIT = "submit"
+
+# The `submit` pseudo-tool: the harness handles it itself (it never reaches etude.tools).
+SUBMIT_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": SUBMIT,
+        "description": "Finish the task. Call this once your changes are complete (and tested, when tests exist). "
+        "Nothing after it in the same reply is run.",
+        "parameters": {
+            "type": "object",
+            "properties": {"message": {"type": "string", "description": "A short summary of what you changed."}},
+            "required": [],
+        },
+    },
+}
+
+DEFAULT_SYSTEM_PROMPT = """You are a coding agent working in a software repository at /workspace.
+Use the tools to look at the code, make the change the user asks for, and check it (run the tests when there are any).
+Make the smallest change that does the job and keep to the repository's style.
+Paths are relative to the repository root. Several independent tool calls may go in one reply; they run in parallel.
+When you are done, call `submit` with a short summary, or reply with your answer and no tool call."""
+
+
+def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]]) -> str:
+    """System-prompt text that offers `tool_schemas` (OpenAI format) to a model without native
+    tool support, and says how to call them: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
+    lines = [json.dumps(_function(s), sort_keys=True, ensure_ascii=False) for s in tool_schemas]
+    example = json.dumps({"name": "<tool name>", "arguments": {"<argument>": "<value>"}})
+    return "\n".join(
+        [
+            "# Tools",
+            "",
+            "You can call these tools. Their signatures, as JSON schema, one per line:",
+            "<tools>",
+            *lines,
+            "</tools>",
+            "",
+            f"To call a tool, write a JSON object with its name and arguments between {OPEN_TAG} and {CLOSE_TAG} tags:",
+            OPEN_TAG,
+            example,
+            CLOSE_TAG,
+            "Use strict JSON (double quotes, no trailing commas). You may write several such blocks in one reply.",
+            "The results come back in the next message.",
+        ]
+    )
+
+
+def _function(schema: dict[str, Any]) -> dict[str, Any]:
+    # Accept both {"type": "function", "function": {...}} and the bare function object.
+    return schema.get("function", schema) if isinstance(schema.get("function"), dict) else schema
+
+
+def render_tool_calls_text(calls: Iterable[ToolCall]) -> str:
+    """The canonical text form of tool calls (what a text-format model is trained to write)."""
+    return "\n".join(
+        f"{OPEN_TAG}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE_TAG}"
+        for c in calls
+    )
+
+
+def system_prompt(tool_schemas: Sequence[dict[str, Any]], *, native_tools: bool, override: str | None = None) -> str:
+    """The system message: `override` or the default text, plus the tool block for text-format models."""
+    base = override if override is not None else DEFAULT_SYSTEM_PROMPT
+    if native_tools or not tool_schemas:
+        return base
+    return f"{base}\n\n{render_tools_prompt(tool_schemas)}"
+
+
+def build_messages(
+    request: str,
+    tool_schemas: Sequence[dict[str, Any]],
+    *,
+    native_tools: bool,
+    system: str | None = None,
+    history: Sequence[Message] = (),
+) -> list[Message]:
+    """The opening of an episode: system prompt, earlier conversation (`history`, without its
+    own system message), then the user's request."""
+    msgs = [Message(role="system", content=system_prompt(tool_schemas, native_tools=native_tools, override=system))]
+    msgs.extend(m for m in history if m.role != "system")
+    msgs.append(Message(role="user", content=request))
+    return msgs

@@ -1,0 +1,60 @@
+"""Policy backends by name. `make_policy(spec, **kw)` imports the backend only when asked for, so
+`import etude.policy` stays cheap and the core never imports torch unless a local model is used.
+
+    make_policy("scripted", outputs=[...])                       # etude.policy.scripted.ScriptedPolicy
+    make_policy("openai", base_url=URL, model=NAME)              # etude.policy.openai_http.OpenAIPolicy
+    make_policy("smollm2") / make_policy("tiny") / make_policy("local", model=PATH)
+                                                                 # etude.policy.local.LocalPolicy
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.protocols import Policy
+
+
+def _scripted(spec: str, **kw: Any) -> Policy:
+    from etude.policy.scripted import ScriptedPolicy
+
+    if "outputs" not in kw and "path" in kw:
+        return ScriptedPolicy.from_file(kw.pop("path"), **kw)
+    return ScriptedPolicy(kw.pop("outputs", []), **kw)
+
+
+def _openai(spec: str, **kw: Any) -> Policy:
+    from etude.policy.openai_http import OpenAIPolicy
+
+    return OpenAIPolicy(**kw)
+
+
+def _local(spec: str, **kw: Any) -> Policy:
+    try:
+        local = importlib.import_module("etude.policy.local")
+    except ModuleNotFoundError as e:
+        raise EtudeError(f"the local model backend is not available ({e}); use --base-url/--model or --policy scripted") from e
+    name = kw.pop("model", None) or ("smollm2" if spec == "local" else spec)
+    return local.LocalPolicy.from_pretrained(name, **kw)
+
+
+POLICIES: dict[str, Callable[..., Policy]] = {
+    "scripted": _scripted,
+    "openai": _openai,
+    "local": _local,
+    "smollm2": _local,
+    "tiny": _local,
+}
+
+
+def make_policy(spec: str, **kw: Any) -> Policy:
+    """The policy registered as `spec` (see POLICIES), built with `kw`."""
+    factory = POLICIES.get(spec)
+    if factory is None:
+        raise EtudeError(f"unknown policy {spec!r}; known: {', '.join(POLICIES)}")
+    return factory(spec, **kw)
+
+
+__all__ = ["POLICIES", "make_policy"]
