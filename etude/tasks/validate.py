@@ -1,0 +1,134 @@
+"""Validation: run a task's tests at base and with the gold patch, in the sandbox, and derive
+FAIL_TO_PASS / PASS_TO_PASS from what actually happened.
+
+Each state (base + test_patch; base + test_patch + patch) is run `runs` times (at least twice),
+each time in a fresh copy-on-write workspace. A test is
+  * FAIL_TO_PASS when it passes in every gold run and fails, errors or is missing (its file does
+    not even import at base) in every base run;
+  * PASS_TO_PASS when it passes in every run of both states;
+  * flaky when its pass/fail outcome differs between runs of one state — excluded from both.
+Skipped and xfail tests are in neither. A task is kept only if FAIL_TO_PASS >= 1, PASS_TO_PASS >= 1
+and no run timed out. What this does not guarantee: that a test failing at base fails *because
+of* the bug (it may fail for an unrelated reason the gold patch also fixes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etude.errors import EtudeError
+from etude.tasks.diffs import apply_patch
+from etude.tasks.repo import prepare_repo, task_env
+from etude.tasks.runner import TestRun, run_tests
+from etude.types import Task
+
+
+@dataclass(frozen=True)
+class Verdict:
+    instance_id: str
+    kept: bool
+    reason: str  # "ok" or why it was dropped
+    task: Task | None = None  # the task with F2P / P2P as measured (when kept)
+    flaky: tuple[str, ...] = ()
+    wall_s: float = 0.0
+    runs: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        t = self.task
+        return {
+            "instance_id": self.instance_id,
+            "kept": self.kept,
+            "reason": self.reason,
+            "fail_to_pass": len(t.FAIL_TO_PASS) if t else 0,
+            "pass_to_pass": len(t.PASS_TO_PASS) if t else 0,
+            "flaky": len(self.flaky),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+@contextmanager
+def workspace_with(template: Path, patches: Sequence[str]):
+    """A fresh copy-on-write workspace of `template` with `patches` applied in order."""
+    from etude.sandbox import Workspace
+
+    with Workspace.create(template) as ws:
+        for p in patches:
+            apply_patch(ws.path, p)
+        yield ws.path
+
+
+def run_state(task: Task, patches: Sequence[str], runs: int, targets: Sequence[str] | None = None) -> list[TestRun]:
+    """Run the tests `runs` times, each in a fresh workspace at base + patches."""
+    template, venv = prepare_repo(task), task_env(task)
+    out = []
+    for _ in range(runs):
+        with workspace_with(template, patches) as ws:
+            out.append(run_tests(ws, task, venv, targets))
+    return out
+
+
+def _ok(status: str) -> bool:
+    return status == "passed"
+
+
+def _bad(status: str) -> bool:
+    return status in ("failed", "error", "missing")
+
+
+def classify(base: Sequence[TestRun], gold: Sequence[TestRun]) -> tuple[list[str], list[str], list[str]]:
+    """(FAIL_TO_PASS, PASS_TO_PASS, flaky) from repeated runs of the two states."""
+    ids = sorted(set().union(*(r.status for r in [*base, *gold])))
+    f2p, p2p, flaky = [], [], []
+    for t in ids:
+        b = [r.status.get(t, "missing") for r in base]
+        g = [r.status.get(t, "missing") for r in gold]
+        if len({_ok(s) for s in b}) > 1 or len({_ok(s) for s in g}) > 1:
+            flaky.append(t)
+        elif all(map(_ok, g)) and all(map(_bad, b)):
+            f2p.append(t)
+        elif all(map(_ok, g)) and all(map(_ok, b)):
+            p2p.append(t)
+    return f2p, p2p, flaky
+
+
+def _timed_out(runs: Sequence[TestRun]) -> bool:
+    return any(r.timed_out for r in runs)
+
+
+def _nothing_ran(runs: Sequence[TestRun]) -> bool:
+    return all(not r.status for r in runs)
+
+
+def validate_task(task: Task, runs: int = 2) -> Verdict:
+    """Validate one task from scratch (see the module docstring for the rules)."""
+    import time
+
+    if runs < 2:
+        raise EtudeError("validation needs at least two runs of each state")
+    t0 = time.monotonic()
+    try:
+        base = run_state(task, [task.test_patch], runs)
+        gold = run_state(task, [task.test_patch, task.patch], runs)
+    except EtudeError as e:
+        return Verdict(task.instance_id, False, f"error: {e}", wall_s=time.monotonic() - t0)
+    return verdict_from_runs(task, base, gold, time.monotonic() - t0)
+
+
+def verdict_from_runs(task: Task, base: Sequence[TestRun], gold: Sequence[TestRun], wall_s: float) -> Verdict:
+    if _timed_out([*base, *gold]):
+        return Verdict(task.instance_id, False, "timed out", wall_s=wall_s)
+    if _nothing_ran(gold):
+        tail = gold[0].log_tail.strip().splitlines()[-1:] if gold else []
+        return Verdict(task.instance_id, False, f"no tests ran ({tail[0] if tail else 'empty output'})", wall_s=wall_s)
+    f2p, p2p, flaky = classify(base, gold)
+    if not f2p:
+        return Verdict(task.instance_id, False, "no FAIL_TO_PASS test", flaky=tuple(flaky), wall_s=wall_s)
+    if not p2p:
+        return Verdict(task.instance_id, False, "no PASS_TO_PASS test", flaky=tuple(flaky), wall_s=wall_s)
+    meta = {**task.meta, "flaky_excluded": flaky, "validated_runs": len(base)}
+    new = dataclasses.replace(task, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), meta=meta)
+    return Verdict(task.instance_id, True, "ok", task=new, flaky=tuple(flaky), wall_s=wall_s)
