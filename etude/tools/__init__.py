@@ -1,0 +1,123 @@
+"""The agent's tools, by name, with their JSON schemas; `run_tool` is the one entry point.
+
+    from etude.tools import get_tool, run_tool, tool_schemas, TOOL_NAMES
+    res = run_tool("read_file", {"path": "a.py"}, ToolContext(workspace=ws))
+
+`run_tool` never raises: an unknown tool, arguments that fail the tool's JSON schema, a
+`ToolError` and any other exception all come back as `ToolResult(ok=False, error=...)` with a
+message a model can act on, and `meta["error_kind"]` saying which ("unknown_tool",
+"invalid_arguments", "path_outside", "exception", ...). Each tool lives in its own module,
+`etude.tools.<name>`, exposing `TOOL`; modules are imported on first use, so importing this
+package is cheap. `semantic_search` is another engineer's module: it is offered when
+`etude/tools/semantic_search.py` exists and is left out of `available()` otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from typing import Any
+
+from etude.protocols import Tool, ToolContext
+from etude.tools.base import ToolError
+from etude.types import ToolResult
+
+TOOL_NAMES: tuple[str, ...] = (
+    "read_file",
+    "edit_file",
+    "write_file",
+    "grep",
+    "glob",
+    "list_dir",
+    "run_terminal",
+    "semantic_search",
+)
+
+_cache: dict[str, Tool] = {}
+
+
+class UnknownTool(ToolError, KeyError):
+    def __init__(self, name: object) -> None:
+        super().__init__(f"unknown tool {name!r}; available tools: {', '.join(available())}", kind="unknown_tool")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+def available() -> list[str]:
+    """The names in TOOL_NAMES whose module is present."""
+    return [n for n in TOOL_NAMES if n in _cache or importlib.util.find_spec(f"etude.tools.{n}") is not None]
+
+
+def get_tool(name: str) -> Tool:
+    """The tool object for `name`; raises UnknownTool (a ToolError and a KeyError) otherwise."""
+    if name in _cache:
+        return _cache[name]
+    if not isinstance(name, str) or name not in TOOL_NAMES or name not in available():
+        raise UnknownTool(name)
+    tool = importlib.import_module(f"etude.tools.{name}").TOOL
+    _cache[name] = tool
+    return tool
+
+
+def tool_schemas(names: list[str] | tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """OpenAI-format schemas: [{"type": "function", "function": {"name", "description", "parameters"}}].
+
+    `names=None` means every available tool; naming a missing tool raises UnknownTool."""
+    return [{"type": "function", "function": get_tool(n).schema} for n in (available() if names is None else names)]
+
+
+def run_tool(name: str, args: Any, ctx: ToolContext) -> ToolResult:
+    """Run one tool call. Never raises (see the module docstring)."""
+    try:
+        tool = get_tool(name)
+        args = _decode_args(args)
+        problems = validate(args, tool.schema["parameters"])
+        if problems:
+            return ToolResult.fail(
+                f"invalid arguments for {name}: " + "; ".join(problems), error_kind="invalid_arguments"
+            )
+        result = tool.run(args, ctx)
+        if not isinstance(result, ToolResult):
+            return ToolResult.fail(f"{name} returned {type(result).__name__}, not a ToolResult", error_kind="exception")
+        return result
+    except ToolError as e:
+        return ToolResult.fail(e.message, error_kind=e.kind, **e.meta)
+    except Exception as e:  # noqa: BLE001 - the point of run_tool: the agent loop never sees an exception
+        return ToolResult.fail(f"{name} failed: {type(e).__name__}: {e}", error_kind="exception")
+
+
+def _decode_args(args: Any) -> dict[str, Any]:
+    """Arguments as a dict. A JSON string is decoded (some backends send the raw string)."""
+    if args is None:
+        return {}
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ToolError(f"arguments are not valid JSON: {e}", kind="invalid_arguments") from None
+    if not isinstance(args, dict):
+        raise ToolError(f"arguments must be a JSON object, got {type(args).__name__}", kind="invalid_arguments")
+    return args
+
+
+def validate(args: dict[str, Any], parameters: dict[str, Any]) -> list[str]:
+    """Problems with `args` against a JSON schema, one short sentence each (empty: valid)."""
+    from jsonschema import Draft202012Validator  # lazily: keeps `import etude.tools` cheap
+
+    errors = sorted(Draft202012Validator(parameters).iter_errors(args), key=lambda e: list(e.absolute_path))
+    return [_describe(e, parameters) for e in errors]
+
+
+def _describe(err: Any, parameters: dict[str, Any]) -> str:
+    where = ".".join(str(p) for p in err.absolute_path)
+    known = ", ".join(parameters.get("properties", {}))
+    if err.validator == "required":
+        return f"missing required argument {err.message.split(' ')[0]}"
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(parameters.get("properties", {})))
+        return f"unknown argument(s) {', '.join(map(repr, extra))} (expected: {known})"
+    if err.validator == "type":
+        return f"argument {where!r} must be of type {err.validator_value}, got {json.dumps(err.instance)[:60]}"
+    return f"argument {where!r}: {err.message}"
