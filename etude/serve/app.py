@@ -1,0 +1,183 @@
+"""The HTTP server: FastAPI routes over `ChatService`, auth, bounded bodies, OpenAI errors.
+
+Routes: GET /health (no key), GET /v1/models, POST /v1/chat/completions, POST /v1/feedback,
+GET /v1/interactions/{id}. Everything under /v1 needs `Authorization: Bearer <key>`; the key
+names the organisation, and every read and write is scoped to it (a foreign interaction id
+answers 404, exactly like an unknown one).
+
+Headers: the client may send `x-etude-session` (a session id; default: each request is its own
+session); the user is the body's `user` field. Responses carry `x-etude-interaction-id` (also the
+body's `id`), `x-etude-checkpoint` and `x-etude-session`.
+
+Acknowledgement: a 200 (or, for `stream: true`, the first SSE byte) is sent only after the
+interaction's record is committed, so a client that got a 200 can count on the record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from etude.errors import EtudeError, NotFound
+from etude.serve import registry
+from etude.serve.api import ApiError, completion_body, parse_request, stream_chunks
+from etude.serve.config import ServeConfig
+from etude.serve.pool import PolicyPool
+from etude.serve.service import ChatService
+from etude.store.sql import FEEDBACK_KINDS, SQLStore
+
+_PIECE = re.compile(r"\S+\s*|\s+")
+
+
+def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
+    service = ChatService(cfg, store, pool)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if cfg.preload:
+            prod = registry.production(store, None)
+            if prod is not None:
+                await asyncio.to_thread(pool.get, prod)
+        yield
+        pool.close()
+
+    app = FastAPI(title="etude", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_req: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_req: Request, e: Exception) -> JSONResponse:
+        # Last resort: the client gets one line, not a traceback (the server log has the rest).
+        return JSONResponse(ApiError(500, f"internal error: {type(e).__name__}: {e}").body(), status_code=500)
+
+    async def org_of(request: Request) -> str:
+        auth = request.headers.get("authorization", "")
+        if not auth.lower().startswith("bearer ") or not auth[7:].strip():
+            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>' (create one with `etude keys create`)",
+                           code="invalid_api_key")
+        org = await asyncio.to_thread(store.authenticate, auth[7:].strip())
+        if org is None:
+            raise ApiError(401, "invalid API key", code="invalid_api_key")
+        return org
+
+    async def body_of(request: Request) -> bytes:
+        limit = cfg.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        await asyncio.to_thread(store.count_interactions, "")  # the database answers
+        return {"status": "ok", "loaded": pool.loaded()}
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        org = await org_of(request)
+        cps = await asyncio.to_thread(registry.list_checkpoints, store, org, include_retired=False)
+        data = [{"id": "auto", "object": "model", "created": 0, "owned_by": "etude"}]
+        data += [{"id": c.name, "object": "model", "created": int(c.created_at), "owned_by": c.org_id or "etude",
+                  "etude": {"state": c.state, "version": c.version}} for c in cps]
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        org = await org_of(request)
+        req = parse_request(await body_of(request))
+        session = request.headers.get("x-etude-session") or None
+        if session is not None and len(session) > 256:
+            raise ApiError(400, "x-etude-session is longer than 256 characters")
+        answer, session_id = await service.complete(org, req, session)
+        headers = {"x-etude-interaction-id": answer.id, "x-etude-checkpoint": answer.model,
+                   "x-etude-session": session_id}
+        if not req.stream:
+            return JSONResponse(completion_body(answer), headers=headers)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        events = stream_chunks(answer, _PIECE.findall(answer.parsed.text), include_usage)
+        return StreamingResponse(_iterate(events), media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> Any:
+        org = await org_of(request)
+        record = _feedback_record(org, await body_of(request))
+        try:
+            fid = await asyncio.to_thread(store.log_feedback, record)
+        except NotFound as e:
+            raise ApiError(404, str(e), "interaction_id") from None
+        except EtudeError as e:
+            raise ApiError(400, str(e)) from None
+        return {"id": fid, "object": "feedback", "interaction_id": record["interaction_id"], "kind": record["kind"],
+                "value": record["value"], "data": record["data"]}
+
+    @app.get("/v1/interactions/{interaction_id}")
+    async def interaction(interaction_id: str, request: Request) -> Any:
+        org = await org_of(request)
+        try:
+            return await asyncio.to_thread(store.interaction, org, interaction_id)
+        except NotFound as e:
+            raise ApiError(404, str(e)) from None
+
+    return app
+
+
+async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
+    for e in events:
+        yield e
+
+
+def _feedback_record(org: str, body: bytes) -> dict[str, Any]:
+    """Validate a /v1/feedback body: {"interaction_id", "kind", "value"?, "data"?}."""
+    import json
+
+    try:
+        d = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("interaction_id"), str):
+        raise ApiError(400, "feedback needs a string interaction_id", "interaction_id")
+    kind = d.get("kind")
+    if kind not in FEEDBACK_KINDS:
+        raise ApiError(400, f"kind must be one of {', '.join(FEEDBACK_KINDS)}", "kind")
+    value, data = d.get("value"), d.get("data") or {}
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ApiError(400, "value must be a number or null", "value")
+    if not isinstance(data, dict):
+        raise ApiError(400, "data must be a JSON object", "data")
+    if kind == "edit_persistence" and (value is None or not 0.0 <= value <= 1.0):
+        raise ApiError(400, "edit_persistence needs a value in [0, 1] (the surviving share)", "value")
+    if kind == "followup":
+        value, data = _classify_followup(value, data)
+    return {"org_id": org, "interaction_id": d["interaction_id"], "kind": kind, "value": value, "data": data,
+            "source": "client"}
+
+
+def _classify_followup(value: Any, data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    # A client may send the follow-up text and let the server's rules label it, or a label itself.
+    from etude.feedback.signals import explain_followup
+
+    label = data.get("label")
+    if label is None:
+        text = data.get("text")
+        if not isinstance(text, str):
+            raise ApiError(400, "followup feedback needs data.text (the next user message) or data.label", "data")
+        verdict = explain_followup(text, data.get("previous") if isinstance(data.get("previous"), str) else None)
+        data = {**data, "label": verdict.label, "rule": verdict.rule, "label_source": "rules"}
+        label = verdict.label
+    if label not in ("dissatisfied", "neutral", "satisfied"):
+        raise ApiError(400, "data.label must be dissatisfied, neutral or satisfied", "data")
+    return (1.0 if label == "dissatisfied" else 0.0) if value is None else value, data

@@ -1,0 +1,134 @@
+"""Batched generation: one worker thread per loaded checkpoint turns concurrent requests into
+`generate_ids` / `generate_batch` calls.
+
+The worker takes the first waiting job, then keeps collecting for up to `wait_ms` (or until
+`max_batch` jobs), groups them by sampling parameters (temperature, top_p) and runs each group
+as one batch. Jobs in a group may ask for different `max_tokens`: the batch runs to the largest
+and each row is cut to its own limit afterwards. A cut row is still an exact sample of its
+first k tokens, so its log-probs stay valid behaviour log-probs.
+
+Policies with `encode_prompt` + `generate_ids` (LocalPolicy) are batched on token ids; any other
+`protocols.Policy` is called through `generate_batch` if it has one, else one `generate` per job.
+Not guaranteed: fairness beyond FIFO within a window; a batch in progress is never pre-empted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from etude.types import Generation, Message
+
+
+@dataclass
+class Job:
+    messages: Sequence[Message]
+    prompt_ids: list[int] | None  # set when the policy encodes prompts itself (LocalPolicy)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    future: Future[Generation] = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.perf_counter)
+    meta: dict[str, Any] = field(default_factory=dict)  # queue_s, batch_size; set before the result
+
+
+@dataclass
+class BatchStats:
+    batches: int = 0
+    jobs: int = 0
+    max_batch_seen: int = 0
+
+
+class Batcher:
+    """Queue + worker thread for one policy (see module docstring)."""
+
+    def __init__(self, policy: Any, *, max_batch: int = 16, wait_ms: float = 5.0, stop_ids: Sequence[int] = ()):
+        self.policy = policy
+        self.max_batch = max_batch
+        self.wait_s = wait_ms / 1000.0
+        self.stats = BatchStats()
+        self._stop_ids = set(stop_ids or getattr(policy, "stop_token_ids", ()) or ())
+        self._q: queue.Queue[Job | None] = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"batcher-{getattr(policy, 'id', '?')}", daemon=True)
+        self._thread.start()
+
+    @property
+    def by_ids(self) -> bool:
+        return hasattr(self.policy, "encode_prompt") and hasattr(self.policy, "generate_ids")
+
+    def submit(self, job: Job) -> Future[Generation]:
+        if self._closed:
+            raise RuntimeError("this checkpoint was unloaded; retry the request")
+        self._q.put(job)
+        return job.future
+
+    def close(self) -> None:
+        self._closed = True
+        self._q.put(None)
+        self._thread.join(timeout=30)
+
+    def _collect(self, first: Job) -> list[Job]:
+        jobs, deadline = [first], time.perf_counter() + self.wait_s
+        while len(jobs) < self.max_batch:
+            left = deadline - time.perf_counter()
+            try:
+                job = self._q.get(timeout=max(left, 0)) if left > 0 else self._q.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                self._q.put(None)  # let the loop see the stop after this batch
+                break
+            jobs.append(job)
+        return jobs
+
+    def _loop(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is None:
+                return
+            jobs = self._collect(first)
+            groups: dict[tuple[float, float], list[Job]] = {}
+            for j in jobs:
+                groups.setdefault((j.temperature, j.top_p), []).append(j)
+            for (temp, top_p), group in groups.items():
+                self._run(group, temp, top_p)
+
+    def _run(self, group: list[Job], temperature: float, top_p: float) -> None:
+        started = time.perf_counter()
+        try:
+            gens = self._generate(group, temperature, top_p)
+        except BaseException as e:  # every waiting request gets the error, the worker lives on
+            for j in group:
+                j.future.set_exception(e)
+            return
+        self.stats.batches += 1
+        self.stats.jobs += len(group)
+        self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(group))
+        for j, g in zip(group, gens, strict=True):
+            j.meta.update(queue_s=started - j.enqueued, batch_size=len(group))
+            j.future.set_result(self._cut(g, j.max_tokens))
+
+    def _generate(self, group: list[Job], temperature: float, top_p: float) -> list[Generation]:
+        max_tokens = max(j.max_tokens for j in group)
+        if self.by_ids:
+            return list(self.policy.generate_ids([j.prompt_ids for j in group], max_tokens=max_tokens,
+                                                 temperature=temperature, top_p=top_p))
+        if hasattr(self.policy, "generate_batch"):
+            return list(self.policy.generate_batch([j.messages for j in group], [], max_tokens=max_tokens,
+                                                   temperature=temperature))
+        return [self.policy.generate(j.messages, [], max_tokens=j.max_tokens, temperature=temperature) for j in group]
+
+    def _cut(self, g: Generation, max_tokens: int) -> Generation:
+        if len(g.token_ids) <= max_tokens:
+            return g
+        ids = g.token_ids[:max_tokens]
+        tok = getattr(self.policy, "tokenizer", None)
+        text = tok.decode(list(ids), skip_special_tokens=True) if tok is not None else g.text
+        return dataclasses.replace(g, text=text, token_ids=ids, logprobs=g.logprobs[:max_tokens], finish_reason="length")

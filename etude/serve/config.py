@@ -1,0 +1,72 @@
+"""`ServeConfig`: every knob of `etude serve`, loadable from a TOML file's `[serve]` table.
+
+Unknown keys are an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+
+
+@dataclass
+class ServeConfig:
+    model: str = "tiny"
+    """checkpoint to serve: "tiny", "smollm2" or a model directory; registered (shared) if new,
+    and made production when no production checkpoint exists yet."""
+    name: str | None = None
+    """registry name for `model` (default: "tiny"/"smollm2", or the directory's basename)."""
+    version: int = 0
+    """policy version recorded for `model` when it is registered here."""
+    db: str | None = None
+    """store URL (default $ETUDE_DB, then sqlite:///<ETUDE_HOME>/etude.db)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_request_bytes: int = 1_000_000
+    """bodies above this get 413 before they are parsed."""
+    max_messages: int = 512
+    """conversations longer than this get 400."""
+    max_tokens_limit: int = 2048
+    """the largest `max_tokens` a client may ask for (400 above it)."""
+    default_max_tokens: int = 256
+    """`max_tokens` when the request gives none."""
+    default_temperature: float = 0.7
+    default_top_p: float = 1.0
+    max_batch: int = 16
+    """requests generated together in one batch, at most."""
+    batch_wait_ms: float = 5.0
+    """how long the batcher waits for more requests after the first one arrives."""
+    max_loaded: int = 3
+    """checkpoints kept in memory at once (least recently used is unloaded)."""
+    classify_followups: bool = True
+    """label the next user message of a session with etude.feedback.signals' rules and store a
+    `followup` feedback event on the previous interaction."""
+    preload: bool = True
+    """load the production checkpoint at start-up, so /health answers only once it can serve."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise EtudeError(f"unknown serve config key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+        return cls(**d)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> ServeConfig:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise EtudeError(f"cannot read serve config {path}: {e}") from None
+        return cls.from_dict(data["serve"] if isinstance(data.get("serve"), dict) else data)
+
+    def checkpoint_name(self) -> str:
+        if self.name:
+            return self.name
+        p = Path(self.model)
+        return p.name if p.exists() else self.model

@@ -1,0 +1,66 @@
+"""Loaded checkpoints: one policy + batcher per checkpoint name, least-recently-used evicted.
+
+The loader is injectable so unit tests serve a scripted fake; the default loads
+`LocalPolicy.from_pretrained(checkpoint.path)` and stamps it with the registry's name and
+version, so every logged interaction names the checkpoint that really answered.
+Loading happens once per name (concurrent first requests wait for the same load).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from etude.serve.batcher import Batcher
+from etude.serve.registry import Checkpoint
+
+Loader = Callable[[Checkpoint], Any]
+
+
+def load_local(cp: Checkpoint) -> Any:
+    from etude.policy.local import LocalPolicy
+
+    pol = LocalPolicy.from_pretrained(cp.path, id=cp.name)
+    pol.version = cp.version
+    return pol
+
+
+class PolicyPool:
+    def __init__(self, loader: Loader = load_local, *, max_loaded: int = 3, max_batch: int = 16, wait_ms: float = 5.0):
+        self.loader = loader
+        self.max_loaded = max_loaded
+        self.max_batch = max_batch
+        self.wait_ms = wait_ms
+        self._loaded: OrderedDict[str, Batcher] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def get(self, cp: Checkpoint) -> Batcher:
+        with self._lock:
+            if cp.name in self._loaded:
+                self._loaded.move_to_end(cp.name)
+                return self._loaded[cp.name]
+            name_lock = self._loading.setdefault(cp.name, threading.Lock())
+        with name_lock:  # one load per name; later arrivals find it loaded
+            with self._lock:
+                if cp.name in self._loaded:
+                    return self._loaded[cp.name]
+            batcher = Batcher(self.loader(cp), max_batch=self.max_batch, wait_ms=self.wait_ms)
+            with self._lock:
+                self._loaded[cp.name] = batcher
+                evicted = [self._loaded.popitem(last=False)[1] for _ in range(len(self._loaded) - self.max_loaded)]
+        for b in evicted:
+            b.close()
+        return batcher
+
+    def loaded(self) -> list[str]:
+        with self._lock:
+            return list(self._loaded)
+
+    def close(self) -> None:
+        with self._lock:
+            batchers, self._loaded = list(self._loaded.values()), OrderedDict()
+        for b in batchers:
+            b.close()

@@ -1,0 +1,311 @@
+"""The checkpoint registry and experiments: what the `auto` router may route to, and how.
+
+A checkpoint is a name clients can ask for, a path the server loads (`tiny`, `smollm2`, a model
+or adapter directory), a policy version, an owner (an organisation, or None for shared) and a
+state: candidate -> canary -> production -> retired. Per scope (one org, or shared) there is at
+most one production checkpoint; promoting a new one retires the old, and `rollback` retires the
+current one and restores the production checkpoint it replaced, in one transaction (the router
+reads the registry on every request, so a rollback takes effect on the next request).
+
+An experiment (per scope, at most one active) splits `auto` traffic over arms by weight; see
+`router.py` for how users are assigned. What the loop calls: `register_checkpoint`,
+`set_experiment`, `promote`, `rollback`, `stop_experiment`, and `SQLStore.interactions(arm=...)`.
+
+Not guaranteed: that a checkpoint's path still exists on disk (the server reports it on load).
+An organisation may route only to shared checkpoints and its own; this is checked here, at
+`set_experiment`, and again by the router on every request.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from etude.errors import EtudeError, NotFound
+from etude.store import schema as t
+from etude.store.sql import ORG_RE, SQLStore
+
+STATES = ("candidate", "canary", "production", "retired")
+NAME_RE = ORG_RE  # checkpoint and experiment names: same charset as org names
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str
+    path: str
+    version: int
+    state: str
+    org_id: str | None = None  # None: shared by every organisation
+    parent: str | None = None
+    created_at: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def visible_to(self, org: str) -> bool:
+        return self.org_id is None or self.org_id == org
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    checkpoint: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    org_id: str | None
+    salt: str
+    arms: tuple[Arm, ...]
+    status: str
+
+
+def _ckpt(r: Any) -> Checkpoint:
+    return Checkpoint(name=r.name, path=r.path, version=r.version, state=r.state, org_id=r.org_id,
+                      parent=r.parent, created_at=r.created_at, meta=dict(r.meta or {}))
+
+
+def _exp(r: Any) -> Experiment:
+    arms = tuple(Arm(a["name"], a["checkpoint"], float(a["weight"])) for a in r.arms)
+    return Experiment(id=r.id, org_id=r.org_id, salt=r.salt, arms=arms, status=r.status)
+
+
+def _scope(col: Any, org: str | None) -> Any:
+    return col.is_(None) if org is None else col == org
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int = 0, org: str | None = None,
+                        parent: str | None = None, state: str = "candidate",
+                        meta: dict[str, Any] | None = None) -> Checkpoint:
+    """Add a checkpoint (a new name). Registering as "production" goes through `promote`."""
+    if not NAME_RE.match(name or "") or name == "auto":
+        raise EtudeError(f"bad checkpoint name {name!r}: letters, digits, '.', '_', '-'; not 'auto'")
+    if state not in STATES:
+        raise EtudeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+    now = time.time()
+    with store.write() as conn:
+        if conn.execute(sa.select(t.checkpoints.c.name).where(t.checkpoints.c.name == name)).first():
+            raise EtudeError(f"checkpoint {name!r} is already registered")
+        if org is not None:
+            store.ensure_org(org, conn)
+        conn.execute(t.checkpoints.insert().values(
+            name=name, org_id=org, path=str(path), version=int(version), state="candidate", parent=parent,
+            created_at=now, updated_at=now, meta=dict(meta or {})))
+        _event(conn, name, None, "candidate", "registered")
+        if state == "production":
+            _promote(conn, name)
+        elif state != "candidate":
+            _set_state(conn, name, state, "registered")
+    return get_checkpoint(store, name)
+
+
+def get_checkpoint(store: SQLStore, name: str) -> Checkpoint:
+    with store.read() as conn:
+        r = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.name == name)).first()
+    if r is None:
+        raise NotFound(f"no checkpoint {name!r}")
+    return _ckpt(r)
+
+
+def list_checkpoints(store: SQLStore, org: str | None = None, *, include_retired: bool = True,
+                     shared: bool = True) -> list[Checkpoint]:
+    """Checkpoints of `org` (plus shared ones if `shared`); org None lists only shared ones."""
+    c = t.checkpoints.c
+    scope = _scope(c.org_id, org)
+    if org is not None and shared:
+        scope = sa.or_(scope, c.org_id.is_(None))
+    q = sa.select(t.checkpoints).where(scope).order_by(c.created_at)
+    if not include_retired:
+        q = q.where(c.state != "retired")
+    with store.read() as conn:
+        return [_ckpt(r) for r in conn.execute(q)]
+
+
+def production(store: SQLStore, org: str | None) -> Checkpoint | None:
+    """The org's own production checkpoint if it has one, else the shared one."""
+    c = t.checkpoints.c
+    with store.read() as conn:
+        for scope in ([org] if org is not None else []) + [None]:
+            r = conn.execute(sa.select(t.checkpoints).where(c.state == "production", _scope(c.org_id, scope))).first()
+            if r is not None:
+                return _ckpt(r)
+    return None
+
+
+def set_state(store: SQLStore, name: str, state: str, reason: str = "") -> Checkpoint:
+    """Move a checkpoint to `state`. "production" means `promote`."""
+    if state not in STATES:
+        raise EtudeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+    if state == "production":
+        return promote(store, name, reason)
+    with store.write() as conn:
+        _set_state(conn, name, state, reason)
+    return get_checkpoint(store, name)
+
+
+def promote(store: SQLStore, name: str, reason: str = "") -> Checkpoint:
+    """Make `name` the production checkpoint of its scope; the previous one is retired."""
+    with store.write() as conn:
+        _promote(conn, name, reason)
+    return get_checkpoint(store, name)
+
+
+def rollback(store: SQLStore, name: str | None = None, *, org: str | None = None, reason: str = "rollback") -> Checkpoint | None:
+    """Retire `name` (default: the production checkpoint of `org`'s scope) at once.
+
+    If it was production, the checkpoint it replaced becomes production again. Experiments that
+    route to it are stopped, and sessions pinned to it move to the production checkpoint (the
+    one case where a session changes checkpoint mid-way: a rollback is an emergency). Returns
+    the production checkpoint in force afterwards.
+    """
+    with store.write() as conn:
+        if name is None:
+            r = conn.execute(sa.select(t.checkpoints.c.name).where(
+                t.checkpoints.c.state == "production", _scope(t.checkpoints.c.org_id, org))).first()
+            if r is None:
+                raise NotFound("no production checkpoint to roll back")
+            name = r.name
+        row = _get(conn, name)
+        if row.state == "retired":
+            raise EtudeError(f"checkpoint {name!r} is already retired")
+        restored = _previous_production(conn, name) if row.state == "production" else None
+        _set_state(conn, name, "retired", reason)
+        if restored is not None:
+            _set_state(conn, restored, "production", f"restored by rollback of {name}")
+        _stop_experiments_using(conn, name)
+    prod = production(store, row.org_id)
+    if prod is not None:
+        store.repin_sessions(name, prod.name)
+    return prod
+
+
+def _get(conn: sa.Connection, name: str) -> Any:
+    r = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.name == name)).first()
+    if r is None:
+        raise NotFound(f"no checkpoint {name!r}")
+    return r
+
+
+def _event(conn: sa.Connection, name: str, old: str | None, new: str, reason: str) -> None:
+    conn.execute(t.checkpoint_events.insert().values(checkpoint=name, from_state=old, to_state=new,
+                                                     at=time.time(), reason=reason))
+
+
+def _set_state(conn: sa.Connection, name: str, state: str, reason: str) -> None:
+    old = _get(conn, name).state
+    conn.execute(t.checkpoints.update().where(t.checkpoints.c.name == name)
+                 .values(state=state, updated_at=time.time()))
+    _event(conn, name, old, state, reason)
+
+
+def _promote(conn: sa.Connection, name: str, reason: str = "") -> None:
+    row = _get(conn, name)
+    c = t.checkpoints.c
+    for old in conn.execute(sa.select(c.name).where(c.state == "production", _scope(c.org_id, row.org_id),
+                                                    c.name != name)).all():
+        _set_state(conn, old.name, "retired", f"replaced by {name}")
+    if row.state != "production":
+        _set_state(conn, name, "production", reason or "promoted")
+
+
+def _previous_production(conn: sa.Connection, name: str) -> str | None:
+    # The checkpoint retired with reason "replaced by <name>" most recently is the one to restore.
+    e = t.checkpoint_events.c
+    r = conn.execute(sa.select(e.checkpoint).where(e.reason == f"replaced by {name}", e.to_state == "retired")
+                     .order_by(e.id.desc())).first()
+    return None if r is None else r.checkpoint
+
+
+# -- experiments ----------------------------------------------------------------------------
+def set_experiment(store: SQLStore, exp_id: str, arms: list[tuple[str, str, float]], *, org: str | None = None,
+                   salt: str | None = None) -> Experiment:
+    """Create or update the active experiment of a scope: arms are (name, checkpoint, weight).
+    Arm checkpoints still in "candidate" become "canary".
+
+    Updating keeps the salt (so users keep their buckets) unless one is given; order matters
+    for stickiness when weights change (see router.py): keep control first, canary last.
+    Any other active experiment of the same scope is stopped.
+    """
+    if not NAME_RE.match(exp_id or ""):
+        raise EtudeError(f"bad experiment name {exp_id!r}")
+    _check_arms(store, arms, org)
+    now = time.time()
+    arm_rows = [{"name": a, "checkpoint": c, "weight": float(w)} for a, c, w in arms]
+    x = t.experiments.c
+    with store.write() as conn:
+        existing = conn.execute(sa.select(t.experiments).where(x.id == exp_id)).first()
+        if existing is not None and existing.org_id != org:
+            raise EtudeError(f"experiment {exp_id!r} belongs to another scope")
+        conn.execute(t.experiments.update().where(_scope(x.org_id, org), x.status == "active", x.id != exp_id)
+                     .values(status="stopped", updated_at=now))
+        if existing is None:
+            conn.execute(t.experiments.insert().values(id=exp_id, org_id=org, salt=salt or secrets.token_hex(8),
+                                                       arms=arm_rows, status="active", created_at=now, updated_at=now))
+        else:
+            conn.execute(t.experiments.update().where(x.id == exp_id).values(
+                arms=arm_rows, status="active", updated_at=now, salt=salt or existing.salt))
+        for _, ckpt, _ in arms:  # a candidate that takes traffic is a canary now
+            if _get(conn, ckpt).state == "candidate":
+                _set_state(conn, ckpt, "canary", f"arm of experiment {exp_id}")
+    return get_experiment(store, exp_id)
+
+
+def _check_arms(store: SQLStore, arms: list[tuple[str, str, float]], org: str | None) -> None:
+    if not arms:
+        raise EtudeError("an experiment needs at least one arm")
+    if len({a for a, _, _ in arms}) != len(arms):
+        raise EtudeError("arm names must be distinct")
+    if any(w < 0 for _, _, w in arms) or sum(w for _, _, w in arms) <= 0:
+        raise EtudeError("arm weights must be >= 0 and sum to more than 0")
+    for _, ckpt, _ in arms:
+        cp = get_checkpoint(store, ckpt)
+        if cp.state == "retired":
+            raise EtudeError(f"checkpoint {ckpt!r} is retired")
+        if cp.org_id is not None and cp.org_id != org:
+            raise EtudeError(f"checkpoint {ckpt!r} belongs to another organisation")
+
+
+def get_experiment(store: SQLStore, exp_id: str) -> Experiment:
+    with store.read() as conn:
+        r = conn.execute(sa.select(t.experiments).where(t.experiments.c.id == exp_id)).first()
+    if r is None:
+        raise NotFound(f"no experiment {exp_id!r}")
+    return _exp(r)
+
+
+def active_experiment(store: SQLStore, org: str | None) -> Experiment | None:
+    """The org's own active experiment if it has one, else the shared one."""
+    x = t.experiments.c
+    with store.read() as conn:
+        for scope in ([org] if org is not None else []) + [None]:
+            r = conn.execute(sa.select(t.experiments).where(x.status == "active", _scope(x.org_id, scope))).first()
+            if r is not None:
+                return _exp(r)
+    return None
+
+
+def stop_experiment(store: SQLStore, exp_id: str) -> Experiment:
+    with store.write() as conn:
+        n = conn.execute(t.experiments.update().where(t.experiments.c.id == exp_id)
+                         .values(status="stopped", updated_at=time.time())).rowcount
+    if n == 0:
+        raise NotFound(f"no experiment {exp_id!r}")
+    return get_experiment(store, exp_id)
+
+
+def list_experiments(store: SQLStore, org: str | None = None) -> list[Experiment]:
+    x = t.experiments.c
+    with store.read() as conn:
+        return [_exp(r) for r in conn.execute(sa.select(t.experiments).where(_scope(x.org_id, org)).order_by(x.created_at))]
+
+
+def _stop_experiments_using(conn: sa.Connection, name: str) -> None:
+    x = t.experiments.c
+    for r in conn.execute(sa.select(t.experiments).where(x.status == "active")).all():
+        if any(a["checkpoint"] == name for a in r.arms):
+            conn.execute(t.experiments.update().where(x.id == r.id).values(status="stopped", updated_at=time.time()))

@@ -1,0 +1,47 @@
+"""Starting the server: open the store, make sure the served model is registered, run uvicorn.
+
+One process, one event loop, one batcher thread per loaded checkpoint. Not guaranteed: graceful
+draining on SIGTERM beyond what uvicorn does (in-flight requests finish, queued ones may not);
+durability never depends on it (a record is committed before its response is sent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.serve import registry
+from etude.serve.config import ServeConfig
+from etude.serve.pool import Loader, PolicyPool, load_local
+from etude.store.sql import SQLStore, open_store
+
+
+def ensure_model(store: SQLStore, cfg: ServeConfig) -> registry.Checkpoint:
+    """Register `cfg.model` (shared) if its name is new; make it production if there is none."""
+    name = cfg.checkpoint_name()
+    try:
+        cp = registry.get_checkpoint(store, name)
+    except EtudeError:
+        cp = registry.register_checkpoint(store, name, cfg.model, version=cfg.version)
+    if cp.path != cfg.model and cp.path != str(cfg.model):
+        raise EtudeError(f"checkpoint {name!r} is registered with path {cp.path!r}, not {cfg.model!r}: pass --name")
+    if registry.production(store, None) is None and cp.org_id is None and cp.state != "retired":
+        cp = registry.promote(store, name, "served by `etude serve`")
+    return cp
+
+
+def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader = load_local) -> Any:
+    from etude.serve.app import create_app
+
+    store = store or open_store(cfg.db)
+    ensure_model(store, cfg)
+    pool = PolicyPool(loader, max_loaded=cfg.max_loaded, max_batch=cfg.max_batch, wait_ms=cfg.batch_wait_ms)
+    return create_app(cfg, store, pool)
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Run until interrupted (blocking)."""
+    import uvicorn
+
+    app = build_app(cfg)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)

@@ -1,0 +1,154 @@
+"""One chat completion, end to end and independent of HTTP: route, prompt, batch, parse, log.
+
+`ChatService.complete` returns only after the interaction record is committed to the store, so
+whatever the HTTP layer sends afterwards (a JSON body or SSE events) describes a durable record.
+The record holds: org, user, session, requested model, the checkpoint and policy version that
+answered, experiment and arm, sampling parameters, tools, the request messages, prompt and
+completion token ids, per-token behaviour log-probs, parse errors, latency, queue time.
+
+Malformed tool calls in the model's output are not errors of the request: they are returned in
+`message.etude_parse_errors`, logged in `response.parse_errors`, and distillation scores them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from etude.errors import EtudeError, NotFound
+from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
+from etude.serve.batcher import Batcher, Job
+from etude.serve.config import ServeConfig
+from etude.serve.pool import PolicyPool
+from etude.serve.router import Route, Router
+from etude.store.sql import SQLStore, new_id
+from etude.types import Generation, Message, ParseResult
+
+
+@dataclass
+class Sampling:
+    max_tokens: int
+    temperature: float
+    top_p: float
+
+
+class ChatService:
+    def __init__(self, cfg: ServeConfig, store: SQLStore, pool: PolicyPool):
+        self.cfg, self.store, self.pool = cfg, store, pool
+        self.router = Router(store)
+
+    async def complete(self, org: str, req: ChatRequest, session: str | None) -> tuple[Answer, str]:
+        """Generate, log durably, and return the answer and the session id used."""
+        t0 = time.perf_counter()
+        created = time.time()
+        if len(req.messages) > self.cfg.max_messages:
+            raise ApiError(400, f"too many messages ({len(req.messages)} > {self.cfg.max_messages})", "messages")
+        sampling = self._sampling(req)
+        messages, tools = to_messages(req), tool_schemas(req)
+        iid = new_id("chatcmpl")
+        session_id = session or iid  # no session header: the request is a session of its own
+        route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
+        batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        job = self._job(batcher, messages, tools, sampling)
+        gen = await asyncio.wrap_future(batcher.submit(job))
+        parsed = self._parse(batcher, gen, tools)
+        latency = time.perf_counter() - t0
+        answer = Answer(id=iid, model=route.checkpoint.name, created=int(created), parsed=parsed,
+                        finish_reason=gen.finish_reason, prompt_tokens=len(gen.prompt_token_ids),
+                        completion_tokens=len(gen.token_ids))
+        record = self._record(org, req, session_id, route, sampling, tools, messages, gen, answer, created,
+                              latency, job.meta)
+        await asyncio.to_thread(self._log, record, messages, req.user or "")
+        return answer, session_id
+
+    def _sampling(self, req: ChatRequest) -> Sampling:
+        max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
+        if max_tokens > self.cfg.max_tokens_limit:
+            raise ApiError(400, f"max_tokens {max_tokens} is above this server's limit of {self.cfg.max_tokens_limit}",
+                           "max_tokens")
+        temp = self.cfg.default_temperature if req.temperature is None else req.temperature
+        top_p = self.cfg.default_top_p if req.top_p is None else req.top_p
+        return Sampling(max_tokens, temp, top_p)
+
+    def _route(self, org: str, model: str, user: str, session: str | None) -> Route:
+        try:
+            return self.router.resolve(org, model, user, session)
+        except NotFound as e:
+            raise ApiError(404, str(e), "model", "model_not_found") from None
+
+    def _job(self, batcher: Batcher, messages: list[Message], tools: list[dict[str, Any]], s: Sampling) -> Job:
+        pol = batcher.policy
+        prompt_msgs = messages if getattr(pol, "native_tools", False) else with_tools_prompt(messages, tools)
+        ids = None
+        if batcher.by_ids:
+            try:
+                ids = pol.encode_prompt(prompt_msgs)
+            except EtudeError as e:
+                raise ApiError(400, str(e), "messages") from None
+            limit = pol.context_length()
+            if len(ids) >= limit:
+                raise ApiError(400, f"the conversation is {len(ids)} tokens; this model's context is {limit}",
+                               "messages", "context_length_exceeded")
+        return Job(messages=prompt_msgs, prompt_ids=ids, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p)
+
+    def _parse(self, batcher: Batcher, gen: Generation, tools: list[dict[str, Any]]) -> ParseResult:
+        if gen.tool_calls is not None:  # a backend that parses natively
+            return ParseResult(text=gen.text, tool_calls=gen.tool_calls)
+        if not tools:
+            return ParseResult(text=gen.text)
+        from etude.harness import parse_output
+
+        names = [t["function"]["name"] for t in tools]
+        return parse_output(gen.text, "hermes", tools=names)
+
+    def _record(self, org: str, req: ChatRequest, session_id: str, route: Route, s: Sampling,
+                tools: list[dict[str, Any]], messages: list[Message], gen: Generation, a: Answer,
+                created: float, latency: float, meta: dict[str, Any]) -> dict[str, Any]:
+        params = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "stream": req.stream,
+                  "tool_choice": req.tool_choice, "seed": req.seed, "batch_size": meta.get("batch_size")}
+        response = {"content": a.parsed.text, "tool_calls": tool_calls_json(a.parsed.tool_calls),
+                    "parse_errors": list(a.parsed.errors), "raw_text": gen.text}
+        # NOTE: generation is not incremental (the batch returns whole sequences), so the first
+        # token is available when the whole answer is: ttft_s == latency_s on this server.
+        return dict(id=a.id, org_id=org, user_id=req.user or "", session_id=session_id, model=req.model,
+                    checkpoint=route.checkpoint.name, policy_version=int(gen.policy_version or route.checkpoint.version),
+                    experiment_id=route.experiment_id, arm=route.arm, created_at=created, params=params, tools=tools,
+                    response=response, finish_reason=a.openai_finish, prompt_token_ids=list(gen.prompt_token_ids),
+                    completion_token_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
+                    prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens, latency_s=latency,
+                    ttft_s=latency, queue_s=meta.get("queue_s"),
+                    messages=[_message_dict(m) for m in messages])
+
+    def _log(self, record: dict[str, Any], messages: list[Message], user: str) -> None:
+        followup = self._followup(record, messages) if self.cfg.classify_followups else None
+        if followup is not None:
+            pos, label, _ = followup
+            record["messages"][pos].update(label=label, label_source="rules")
+        self.store.log_interaction(record)
+        if followup is not None:
+            pos, label, prev = followup
+            self.store.log_feedback({
+                "org_id": record["org_id"], "interaction_id": prev, "kind": "followup",
+                "value": 1.0 if label == "dissatisfied" else 0.0, "source": "server",
+                "data": {"label": label, "message_interaction_id": record["id"], "position": pos}})
+
+    def _followup(self, record: dict[str, Any], messages: list[Message]) -> tuple[int, str, str] | None:
+        # The user's last message, when it follows an earlier answer of the same session, is the
+        # follow-up to that answer: I label it here and attach the verdict to that interaction.
+        if not messages or messages[-1].role != "user":
+            return None
+        prev = self.store.last_interaction(record["org_id"], record["session_id"])
+        if prev is None:
+            return None
+        from etude.feedback.signals import classify_followup
+
+        earlier = [m["content"] for m in prev["messages"] if m["role"] == "user"]
+        label = classify_followup(messages[-1].content, earlier[-1] if earlier else None)
+        return len(messages) - 1, label, prev["id"]
+
+
+def _message_dict(m: Message) -> dict[str, Any]:
+    return {"role": m.role, "content": m.content, "tool_calls": [c.to_dict() for c in m.tool_calls],
+            "tool_call_id": m.tool_call_id}
