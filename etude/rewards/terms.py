@@ -122,6 +122,45 @@ def broken_calls(trajectory: Trajectory, config: RewardConfig) -> float:
     return -min(1.0, trajectory.broken_calls * config.broken_call_penalty)
 
 
+# --- what the agent said -----------------------------------------------------------------------
+
+_CALL_BLOCK = re.compile(r"<tool_call>.*?(</tool_call>|$)", re.S)
+
+
+def _prose(text: str) -> str:
+    """Model text without its `<tool_call>` blocks (text-format models keep them in content)."""
+    return _CALL_BLOCK.sub("", text).strip()
+
+
+def answers(trajectory: Trajectory) -> list[str]:
+    """What the agent said to the user: each turn without calls, and the `submit` message.
+    A trajectory without turns (a logged production conversation) uses its assistant messages."""
+    if not trajectory.turns:
+        return [_prose(m.content) for m in trajectory.messages if m.role == "assistant" and not m.tool_calls]
+    out = []
+    for t in trajectory.turns:
+        submit = [e for e in t.tool_executions if e.call.name == "submit"]
+        if submit:
+            out.append(
+                " ".join(filter(None, (_prose(t.generation.text), str(submit[0].call.arguments.get("message", "")))))
+            )
+        elif not t.tool_executions and not t.parse_errors:
+            out.append(_prose(t.generation.text))
+    return [a for a in out if a]
+
+
+def final_answer(trajectory: Trajectory) -> str:
+    """The closing answer: the last turn's, if it answered or submitted; "" if it stopped on a limit."""
+    if not trajectory.turns:
+        said = answers(trajectory)
+        return said[-1] if said else ""
+    last = trajectory.turns[-1]
+    ended = not last.tool_executions and not last.parse_errors
+    ended = ended or any(e.call.name == "submit" for e in last.tool_executions)
+    said = answers(trajectory)
+    return said[-1] if ended and said else ""
+
+
 # --- unsupported claims ------------------------------------------------------------------------
 
 _TEST_CMD = re.compile(r"\b(pytest|py\.test|unittest|tox|nox)\b|\bmake\s+(test|check)\b|manage\.py\s+test\b")
@@ -181,7 +220,7 @@ def last_test_evidence(trajectory: Trajectory) -> str:
 def unsupported_claims(trajectory: Trajectory) -> float:
     """-1 when the final message claims success but no test ran after the last edit, or the last
     test run failed; 0 otherwise (no claim, or a claim backed by a passing run)."""
-    if not claims_success(trajectory.final_message):
+    if not claims_success(final_answer(trajectory)):
         return 0.0
     return 0.0 if last_test_evidence(trajectory) == "passed" else -1.0
 
@@ -213,7 +252,7 @@ def needless_clarification(trajectory: Trajectory, task: Task | None, config: Re
     policy = (task.meta.get("clarification") if task else None) or trajectory.meta.get("clarification")
     if config.clarification == "allow" or policy == "allowed":
         return None
-    asked = [m for m in trajectory.messages if m.role == "assistant" and not m.tool_calls and asks_question(m.content)]
+    asked = [a for a in answers(trajectory) if asks_question(a)]
     if not asked or policy == "needed" or _made_edits(trajectory):
         return 0.0
     return -1.0
@@ -225,7 +264,7 @@ def needless_clarification(trajectory: Trajectory, task: Task | None, config: Re
 @register_term("verbosity")
 def verbosity(trajectory: Trajectory, config: RewardConfig) -> float | None:
     """0 up to the word budget, then -(excess / budget) down to -1. None without a final answer."""
-    words = len(trajectory.final_message.split())
+    words = len(final_answer(trajectory).split())
     if not words:
         return None
     budget = max(1, config.verbosity_budget_words)

@@ -30,7 +30,8 @@ def traj(
         built.append(Turn(index=i, generation=Generation(text=text), tool_executions=tuple(execs), parse_errors=errs))
         messages.append(Message(role="assistant", content=text, tool_calls=tuple(e.call for e in execs)))
         messages += [Message(role="tool", content=e.result.output, tool_call_id=e.call.id) for e in execs]
-    if final is not None:
+    if final is not None:  # the harness records the closing answer as a turn without calls
+        built.append(Turn(index=len(built), generation=Generation(text=final)))
         messages.append(Message(role="assistant", content=final))
     return Trajectory(
         episode_id="ep", task_id="t", policy_id="p", policy_version=0, messages=tuple(messages), turns=tuple(built),

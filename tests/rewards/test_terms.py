@@ -24,11 +24,11 @@ def test_correctness_resolved_unresolved_and_partial() -> None:
 def test_efficiency_uses_budgets_and_skips_failures() -> None:
     cfg = RewardConfig(step_budget=10, token_budget=1000, wall_budget_s=100)
     t = traj(*[turn(ex("read_file", path="a.py"))] * 5, tokens=500, wall_s=200)
-    assert T.efficiency(t, outcome(True), cfg) == pytest.approx(1 - (0.5 + 0.5 + 1.0) / 3)
+    assert T.efficiency(t, outcome(True), cfg) == pytest.approx(1 - (0.6 + 0.5 + 1.0) / 3)  # 6 turns with the answer
     assert T.efficiency(t, outcome(False), cfg) is None  # giving up fast is never rewarded
     assert T.efficiency(t, None, cfg) is None
     lenient = RewardConfig(step_budget=10, token_budget=1000, wall_budget_s=100, efficiency_requires_success=False)
-    assert T.efficiency(t, None, lenient) == pytest.approx(1 - 2 / 3)
+    assert T.efficiency(t, None, lenient) == pytest.approx(1 - (0.6 + 0.5 + 1.0) / 3)
 
 
 def test_parallelism_rewards_batched_reads() -> None:
@@ -93,3 +93,13 @@ def test_verbosity_budget() -> None:
     assert T.verbosity(traj(final="word " * 15), cfg) == -0.5
     assert T.verbosity(traj(final="word " * 100), cfg) == -1.0
     assert T.verbosity(traj(final=""), cfg) is None
+
+
+def test_answers_ignore_tool_call_text_and_read_submit_message() -> None:
+    text = 'Let me check.<tool_call>{"name": "run_terminal", "arguments": {"command": "pytest"}}</tool_call>'
+    stopped = traj(turn(EDIT, text=text), final=None)  # hit a limit mid-work: no closing answer
+    assert T.final_answer(stopped) == "" and T.unsupported_claims(stopped) == 0.0
+    sub = ex("submit", message="Fixed the bug; all tests pass.")
+    submitted = traj(turn(EDIT), turn(sub, text="Finishing."), final=None)
+    assert T.final_answer(submitted) == "Finishing. Fixed the bug; all tests pass."
+    assert T.unsupported_claims(submitted) == -1.0
