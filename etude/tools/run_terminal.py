@@ -43,8 +43,8 @@ class RunTerminal(BaseTool):
     def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         cfg = config_of(ctx)
         timeout = min(float(args.get("timeout_s") or cfg.terminal_timeout_s), cfg.terminal_max_timeout_s)
-        sandbox = ctx.sandbox or _default_sandbox(ctx)
         try:
+            sandbox = ctx.sandbox or _default_sandbox(ctx)
             res = sandbox.exec(["bash", "-c", args["command"]], timeout_s=timeout, stdin="")
         except Exception as e:  # noqa: BLE001 - a broken sandbox is an observation, not a crash
             raise ToolError(
