@@ -90,6 +90,12 @@ _PYTEST_CFG = re.compile(
 )
 
 
+_RUNNER_TAMPER = re.compile(
+    r"^\s*(import|from)\s+_pytest\b|\b_?pytest(\.\w+)+\s*=(?!=)|\bunittest(\.\w+)*\.TestCase(\.\w+)+\s*=(?!=)"
+    r"|\bTestCase\.(run|__call__|setUp\w*|tearDown\w*|assert\w*)\s*=(?!=)"
+)
+
+
 def _pytest_plugin(fd: FileDiff, tests: set[str]) -> list[Found]:
     name = PurePosixPath(fd.path).name
     if name == "pytest.ini":
@@ -99,7 +105,8 @@ def _pytest_plugin(fd: FileDiff, tests: set[str]) -> list[Found]:
         cfg = name in ("setup.cfg", "tox.ini", "pyproject.toml", "setup.py") and _PYTEST_CFG.search(t)
         # Hooks belong in conftest.py (flagged as conftest_edit); elsewhere they make a plugin.
         hook = name != "conftest.py" and re.match(r"\s*def pytest_\w+\s*\(", t)
-        if cfg or hook or re.match(r"\s*pytest_plugins\s*=", t):
+        tamper = name.endswith(".py") and _RUNNER_TAMPER.search(t)
+        if cfg or hook or tamper or re.match(r"\s*pytest_plugins\s*=", t):
             out.append(("pytest_plugin", _ev(fd, n, t)))
     return out
 
