@@ -171,7 +171,7 @@ class LocalPolicy:
         greedy = temperature <= 0
         gc = GenerationConfig(
             max_new_tokens=max_new, do_sample=not greedy, temperature=None if greedy else temperature,
-            top_p=None if greedy or top_p >= 1 else top_p, top_k=0, repetition_penalty=None,
+            top_p=None if greedy or top_p >= 1 else top_p, top_k=None if greedy else 0, repetition_penalty=None,
             eos_token_id=self.stop_token_ids, pad_token_id=pad, output_scores=True,
             return_dict_in_generate=True, use_cache=True,
         )

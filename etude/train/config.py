@@ -1,0 +1,179 @@
+"""`TrainConfig`: every knob of `etude train`, documented where it is declared, loaded from TOML.
+
+A TOML file mirrors the nesting: top-level keys, then `[env]`, `[loss]`, `[lora]`, `[ray]`
+tables. Unknown keys are an error (a typo must not silently train with a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.train.losses import ADVANTAGES, AGGREGATIONS, LossConfig
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "arith"
+    """Task family: "arith" (single-turn additions), "pyfunc" (write a function, tested in the
+    sandbox), or "tasks" (multi-turn repository tasks through the harness, from `tasks_file`)."""
+    num_train: int = 256
+    """Problems generated for training (single-turn families)."""
+    num_test: int = 64
+    """Held-out problems for evaluation (disjoint from training)."""
+    seed: int = 0
+    """Seed of problem generation."""
+    max_operand: int = 99
+    """arith: operands are drawn from [10, max_operand]."""
+    tasks_file: str | None = None
+    """tasks: JSONL of tasks (etude.tasks.load_tasks); None uses the built-in suite if present."""
+    max_steps: int = 6
+    """tasks: harness turn limit per episode."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    enabled: bool = False
+    """Train a LoRA adapter (peft) instead of all weights."""
+    r: int = 16
+    """Adapter rank."""
+    alpha: int = 32
+    """Scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Linear layers that get an adapter."""
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    address: str | None = None
+    """Ray cluster address; None starts a local Ray (`ray.init()`)."""
+    num_workers: int = 2
+    """Rollout actors."""
+    num_cpus: int | None = None
+    """CPUs given to a local Ray (None: Ray's default, all of them)."""
+    worker_threads: int = 1
+    """torch threads per rollout actor (keep workers × threads ≤ cores)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = "smollm2"
+    """"smollm2", "tiny" or a model directory (etude.policy.models.load_model)."""
+    steps: int = 20
+    """Optimizer steps (= rollout batches consumed)."""
+    prompts_per_step: int = 8
+    """Distinct problems per batch."""
+    group_size: int = 4
+    """Samples per problem (the GRPO group); 1 needs advantage = "baseline"."""
+    max_new_tokens: int = 32
+    """Completion length limit per turn."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer scores tokens at the same temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; < 1 makes behaviour and trainer distributions differ (IS corrects)."""
+    lr: float = 1e-5
+    """AdamW learning rate (constant after `warmup_steps`)."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm."""
+    micro_batch_tokens: int = 2048
+    """Packed tokens per micro-batch (gradient accumulation splits the batch into these)."""
+    ppo_epochs: int = 1
+    """Passes over each batch; > 1 makes the PPO clip matter."""
+    advantage: str = "grpo"
+    """"grpo" (scaled by group std), "dr_grpo" (centred only), "baseline" (running mean per family)."""
+    aggregation: str = "token_mean"
+    """"token_mean", "seq_mean" (original GRPO) or "constant" (Dr. GRPO, length-unbiased)."""
+    precision: str = "auto"
+    """"auto" (bf16 autocast on a GPU that supports it, else fp32), "fp32" or "bf16"."""
+    seed: int = 0
+    """Seed of batch selection, sampling and initialisation."""
+    max_staleness: int = 0
+    """How many policy versions behind the learner a consumed batch may be (0 = synchronous)."""
+    use_ray: bool = False
+    """Rollouts on Ray actors (async) instead of in-process; same code path otherwise."""
+    checkpoint_every: int = 5
+    """Steps between checkpoints (and one at the end)."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints kept on disk."""
+    eval_every: int = 0
+    """Steps between held-out evaluations (0: only before and after training)."""
+    eval_samples: int = 1
+    """Samples per held-out problem at evaluation (temperature `eval_temperature`)."""
+    eval_temperature: float = 0.0
+    """0 = greedy evaluation."""
+    eval_problems: int | None = None
+    """Held-out problems evaluated (None: all of env.num_test)."""
+    step_delay_s: float = 0.0
+    """Sleep after each step (tests use it to kill a run mid-way deterministically)."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        if self.advantage not in ADVANTAGES:
+            raise EtudeError(f"advantage must be one of {', '.join(ADVANTAGES)}, not {self.advantage!r}")
+        if self.aggregation not in AGGREGATIONS:
+            raise EtudeError(f"aggregation must be one of {', '.join(AGGREGATIONS)}, not {self.aggregation!r}")
+        if self.group_size < 2 and self.advantage != "baseline":
+            raise EtudeError("group_size 1 has no group to compare with: use advantage = \"baseline\"")
+        if min(self.steps, self.prompts_per_step, self.group_size, self.max_new_tokens, self.micro_batch_tokens) < 1:
+            raise EtudeError("steps, prompts_per_step, group_size, max_new_tokens, micro_batch_tokens must be ≥ 1")
+        if self.max_staleness < 0:
+            raise EtudeError("max_staleness must be ≥ 0")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise EtudeError(f"precision must be auto, fp32 or bf16, not {self.precision!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        d = dict(d)
+        subs = {"env": EnvConfig, "loss": LossConfig, "lora": LoraConfig, "ray": RayConfig}
+        for key, typ in subs.items():
+            if key in d:
+                d[key] = _build(typ, d[key], key)
+        return _build(cls, d, "config")
+
+
+def _build(typ: Any, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise EtudeError(f"[{where}] must be a table")
+    names = {f.name: f for f in dataclasses.fields(typ)}
+    unknown = sorted(set(d) - set(names))
+    if unknown:
+        raise EtudeError(f"unknown key(s) in [{where}]: {', '.join(unknown)}")
+    vals = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    try:
+        return typ(**vals)
+    except TypeError as e:
+        raise EtudeError(f"bad [{where}]: {e}") from e
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a TOML config; `overrides` are dotted keys ("loss.kl_coef") applied on top."""
+    p = Path(path)
+    if not p.is_file():
+        raise EtudeError(f"no config file at {p}")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise EtudeError(f"{p}: invalid TOML: {e}") from e
+    for key, val in (overrides or {}).items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = val
+    return TrainConfig.from_dict(data)

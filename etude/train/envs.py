@@ -1,0 +1,288 @@
+"""Training environments: problems in, scored episodes out. Every family feeds the same learner.
+
+An `Env` has `problems(split)` (deterministic, train and test disjoint) and
+`rollout(policy, problems, n=..., ...)` returning `n` `Episode`s per problem, prompt-major.
+An episode holds one `TurnSample` per assistant turn (prompt ids, completion ids, behaviour
+log-probs) plus its reward, reward terms and the policy version that produced it.
+
+Families:
+- `arith`: single-turn arithmetic with a verifiable integer answer (no sandbox).
+- `pyfunc`: single-turn "write this Python function"; the answer is run against hidden tests in
+  the real sandbox (bubblewrap). Reward = fraction of tests passed, resolved = all passed.
+- `tasks`: multi-turn repository tasks through the harness and the sandbox
+  (`etude.envs.run_episode` + `etude.rewards.score`), imported lazily.
+
+What this does not guarantee: `pyfunc`'s pass marker is guarded by a per-run nonce read
+before the candidate code is imported, which stops printing a fake marker but not every
+possible hack (the code runs in the same process as the checker); it is sandboxed, not trusted.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from etude.errors import EtudeError
+from etude.types import Generation, Message
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    family: str
+    messages: tuple[Message, ...]
+    answer: Any = None  # what the checker compares against (family-specific)
+
+
+@dataclass
+class TurnSample:
+    prompt_ids: list[int]  # [num_prompt_tokens]
+    completion_ids: list[int]  # [num_completion_tokens]
+    logprobs: list[float]  # [num_completion_tokens], behaviour log-probs at sampling time
+
+
+@dataclass
+class Episode:
+    problem_id: str
+    family: str
+    reward: float
+    terms: dict[str, float | None]
+    resolved: bool
+    turns: list[TurnSample]
+    policy_version: int
+    text: str = ""  # the final answer, for logs
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t.completion_ids) for t in self.turns)
+
+
+class Env(Protocol):
+    name: str
+
+    def problems(self, split: str) -> list[Problem]: ...
+
+    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
+                top_p: float, seed: int | None) -> list[Episode]: ...
+
+
+def sample_of(g: Generation) -> TurnSample:
+    return TurnSample(list(g.prompt_token_ids), list(g.token_ids), list(g.logprobs))
+
+
+class SingleTurnEnv:
+    """Base for one-prompt-one-answer families: subclasses give problems and `check`."""
+
+    name = "single"
+    workers = 1  # threads for `check` (sandboxed checks run in parallel)
+
+    def problems(self, split: str) -> list[Problem]:
+        raise NotImplementedError
+
+    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+        """(reward, terms, resolved) of one answer."""
+        raise NotImplementedError
+
+    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
+                top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
+        gens = policy.generate_batch([list(p.messages) for p in problems], (), n=n, max_tokens=max_tokens,
+                                     temperature=temperature, top_p=top_p, seed=seed)
+        probs = [p for p in problems for _ in range(n)]
+        with ThreadPoolExecutor(self.workers) as pool:
+            checks = list(pool.map(lambda pg: self.check(pg[0], pg[1].text), zip(probs, gens, strict=True)))
+        return [
+            Episode(p.id, p.family, r, terms, ok, [sample_of(g)], g.policy_version, g.text,
+                    {"finish": g.finish_reason})
+            for p, g, (r, terms, ok) in zip(probs, gens, checks, strict=True)
+        ]
+
+
+class ArithEnv(SingleTurnEnv):
+    """"What is a + b?" with a,b in [10, max_operand]; reward 1 when the last integer of the
+    answer is right, plus a small format term (answer is only the number)."""
+
+    name = "arith"
+
+    def __init__(self, num_train: int = 256, num_test: int = 64, seed: int = 0, max_operand: int = 99, **_: Any):
+        self.num = {"train": num_train, "test": num_test}
+        self.seed, self.hi = seed, max_operand
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in self.num:
+            raise EtudeError(f"unknown split {split!r}")
+        rng = random.Random(self.seed)
+        pairs: list[tuple[int, int]] = []
+        seen: set[tuple[int, int]] = set()
+        want = self.num["train"] + self.num["test"]
+        while len(pairs) < want:  # disjoint splits: each pair appears once overall
+            ab = (rng.randint(10, self.hi), rng.randint(10, self.hi))
+            if ab not in seen:
+                seen.add(ab)
+                pairs.append(ab)
+        chosen = pairs[: self.num["train"]] if split == "train" else pairs[self.num["train"]:]
+        return [self._problem(split, i, a, b) for i, (a, b) in enumerate(chosen)]
+
+    def _problem(self, split: str, i: int, a: int, b: int) -> Problem:
+        q = f"What is {a} + {b}? Reply with only the number."
+        return Problem(f"arith-{split}-{i}", "arith", (Message("user", q),), a + b)
+
+    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+        # I read the last integer: models often restate the question ("49 + 22 = 71").
+        nums = re.findall(r"-?\d+", text.replace(",", ""))
+        got = int(nums[-1]) if nums else None
+        correct = got == problem.answer
+        fmt = bool(re.fullmatch(r"\s*-?\d+\s*\.?\s*", text))
+        return float(correct) + 0.1 * float(fmt), {"correct": float(correct), "format": float(fmt)}, correct
+
+
+# (name, signature line, description, [(args, expected)]); the first ones are for training.
+PYFUNCS: tuple[tuple[str, str, str, list[tuple[tuple[Any, ...], Any]]], ...] = (
+    ("add", "add(a, b)", "returns a + b", [((1, 2), 3), ((-1, 1), 0), ((10, 5), 15)]),
+    ("square", "square(x)", "returns x squared", [((3,), 9), ((-2,), 4), ((0,), 0)]),
+    ("is_even", "is_even(n)", "returns True if n is even, else False", [((2,), True), ((3,), False), ((0,), True)]),
+    ("maximum", "maximum(a, b)", "returns the larger of a and b", [((1, 2), 2), ((5, 3), 5), ((-1, -4), -1)]),
+    ("reverse", "reverse(s)", "returns the string s reversed", [(("abc",), "cba"), (("",), ""), (("ab",), "ba")]),
+    ("length", "length(xs)", "returns the number of items in the list xs", [(([1, 2],), 2), (([],), 0)]),
+    ("first", "first(xs)", "returns the first item of the list xs", [(([4, 5],), 4), ((["a"],), "a")]),
+    ("double", "double(x)", "returns x times 2", [((2,), 4), ((0,), 0), ((-3,), -6)]),
+    ("negate", "negate(x)", "returns -x", [((2,), -2), ((-5,), 5)]),
+    ("upper", "upper(s)", "returns s in upper case", [(("ab",), "AB"), (("A1",), "A1")]),
+    ("total", "total(xs)", "returns the sum of the numbers in the list xs", [(([1, 2, 3],), 6), (([],), 0)]),
+    ("is_empty", "is_empty(xs)", "returns True if the list xs is empty", [(([],), True), (([1],), False)]),
+)
+
+_CHECKER = """import sys
+nonce = sys.stdin.readline().strip()
+passed = 0
+cases = {cases!r}
+try:
+    import solution
+    fn = getattr(solution, {name!r})
+except BaseException:
+    fn = None
+for args, want in cases:
+    try:
+        if fn is not None and fn(*args) == want:
+            passed += 1
+    except BaseException:
+        pass
+print("ETUDE", nonce, passed, len(cases))
+"""
+
+
+class PyFuncEnv(SingleTurnEnv):
+    """Write a small Python function; hidden tests run in the sandbox."""
+
+    name = "pyfunc"
+    workers = 2
+
+    def __init__(self, num_test: int = 4, seed: int = 0, **_: Any):
+        self.n_test = max(1, min(num_test, len(PYFUNCS) - 1))
+        self.seed = seed
+        self._sandbox_cfg: Any = None
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in ("train", "test"):
+            raise EtudeError(f"unknown split {split!r}")
+        cut = len(PYFUNCS) - self.n_test
+        chosen = PYFUNCS[:cut] if split == "train" else PYFUNCS[cut:]
+        return [self._problem(split, spec) for spec in chosen]
+
+    def _problem(self, split: str, spec: tuple[str, str, str, list]) -> Problem:
+        name, sig, desc, cases = spec
+        q = f"Write a Python function `{sig}` that {desc}. Reply with only the code in a ```python block."
+        return Problem(f"pyfunc-{split}-{name}", "pyfunc", (Message("user", q),), (name, cases))
+
+    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+        from etude.sandbox import SandboxConfig, run
+
+        name, cases = problem.answer
+        code, fenced = extract_code(text)
+        if self._sandbox_cfg is None:
+            self._sandbox_cfg = SandboxConfig(timeout_s=10, memory_mb=512)
+        nonce = secrets.token_hex(8)
+        with tempfile.TemporaryDirectory(prefix="etude-pyfunc-") as ws:
+            Path(ws, "solution.py").write_text(code)
+            Path(ws, "check.py").write_text(_CHECKER.format(cases=cases, name=name))
+            res = run(["python", "-I", "check.py"], workspace=Path(ws), config=self._sandbox_cfg, stdin=nonce + "\n")
+        m = re.search(rf"^ETUDE {nonce} (\d+) (\d+)$", res.stdout, re.M)
+        frac = int(m.group(1)) / int(m.group(2)) if m else 0.0
+        return frac, {"tests": frac, "format": float(fenced)}, frac == 1.0
+
+
+def extract_code(text: str) -> tuple[str, bool]:
+    """The first fenced code block (any language tag), else the whole text."""
+    m = re.search(r"```[a-zA-Z0-9_+-]*\n(.*?)(```|$)", text, re.S)
+    return (m.group(1), True) if m else (text, False)
+
+
+class TasksEnv:
+    """Multi-turn repository tasks: harness + sandbox episodes, graded in a clean copy."""
+
+    name = "tasks"
+
+    def __init__(self, tasks_file: str | None = None, num_test: int = 1, max_steps: int = 6, **_: Any):
+        try:
+            from etude.envs import run_episode  # noqa: F401
+            from etude.rewards import score  # noqa: F401
+        except ImportError as e:
+            raise EtudeError(f"env 'tasks' needs etude.envs and etude.rewards ({e})") from e
+        self.tasks = self._load(tasks_file)
+        self.n_test = max(0, min(num_test, len(self.tasks) - 1))
+        self.max_steps = max_steps
+
+    @staticmethod
+    def _load(tasks_file: str | None) -> list[Any]:
+        import etude.tasks as tasks_mod
+
+        if tasks_file:
+            tasks = list(tasks_mod.load_tasks(tasks_file))
+        elif hasattr(tasks_mod, "builtin_suite"):
+            tasks = list(tasks_mod.builtin_suite())
+        else:
+            raise EtudeError("env 'tasks' needs env.tasks_file (no built-in suite available)")
+        if not tasks:
+            raise EtudeError("env 'tasks': no tasks loaded")
+        return tasks
+
+    def problems(self, split: str) -> list[Problem]:
+        cut = len(self.tasks) - self.n_test
+        chosen = self.tasks[:cut] if split == "train" else self.tasks[cut:]
+        return [Problem(t.instance_id, "tasks", (Message("user", t.problem_statement),), t) for t in chosen]
+
+    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
+                top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
+        from etude.envs import run_episode
+        from etude.harness import HarnessConfig
+        from etude.rewards import RewardConfig, score
+
+        hc = HarnessConfig(max_steps=self.max_steps, max_tokens_per_turn=max_tokens, temperature=temperature)
+        out = []
+        for p in problems:
+            for _ in range(n):
+                traj, outcome = run_episode(p.answer, policy, hc)
+                br = score(traj, p.answer, outcome, RewardConfig())
+                turns = [sample_of(t.generation) for t in traj.turns if t.generation.token_ids]
+                out.append(Episode(p.id, p.family, br.total, dict(br.terms), outcome.resolved, turns,
+                                   traj.policy_version, traj.final_message, {"stop": traj.stop_reason}))
+        return out
+
+
+ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv}
+
+
+def make_env(cfg: Any) -> Env:
+    """Build the env named by an `EnvConfig`."""
+    cls = ENVS.get(cfg.name)
+    if cls is None:
+        raise EtudeError(f"unknown env {cfg.name!r}; known: {', '.join(ENVS)}")
+    kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps")}
+    return cls(**kw)

@@ -1,0 +1,233 @@
+"""The learner: per-token log-probs on packed sequences, the policy loss, gradient accumulation,
+clipping, and the optimizer step. Full fine-tune or LoRA (peft).
+
+Packing: samples (prompt + completion) are concatenated into rows of at most
+`micro_batch_tokens` tokens (first-fit decreasing), with position ids restarting per sample
+and a block-diagonal causal mask, so no compute goes into padding and no sample sees another.
+One optimizer step consumes a whole batch; micro-batches only split the work (the loss weights
+are fixed over the full batch, so the gradient does not depend on the split).
+
+Not guaranteed: a single sample longer than `micro_batch_tokens` gets a row of its own (it is
+never cut); attention over a packed row is computed densely with a mask (no varlen kernels on
+CPU), so a row costs O(row²) attention regardless of how it is split into samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from etude.train.config import TrainConfig
+from etude.train.losses import LossConfig, sample_loss
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]  # [P]
+    completion_ids: list[int]  # [T]
+    behav_logprobs: list[float]  # [T], logged at sampling time
+    advantage: float
+    weight: float = 1.0  # aggregation weight of each token (see losses.token_weights)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Indices of samples grouped into rows of ≤ `budget` tokens (first-fit decreasing)."""
+    order = sorted(range(len(samples)), key=lambda i: -samples[i].length)
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = samples[i].length
+        for r, free in enumerate(room):
+            if n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append(budget - n)
+    return rows
+
+
+def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -> list[torch.Tensor]:
+    """Log-probs of each sample's completion tokens at `temperature`, from one packed forward."""
+    dev = next(model.parameters()).device
+    ids, pos, seg, targets = [], [], [], []
+    for s_i, s in enumerate(samples):
+        seq = s.prompt_ids + s.completion_ids
+        ids += seq
+        pos += list(range(len(seq)))
+        seg += [s_i] * len(seq)
+    L = len(ids)
+    seg_t = torch.tensor(seg, device=dev)
+    mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (seg_t[:, None] == seg_t[None, :])
+    logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
+                   attention_mask=mask[None, None]).logits[0]
+    out, start = [], 0
+    for s in samples:
+        p, t = len(s.prompt_ids), len(s.completion_ids)
+        rows = logits[start + p - 1 : start + p + t - 1].float() / max(temperature, 1e-6)
+        tgt = torch.tensor(s.completion_ids, device=dev)
+        out.append(torch.log_softmax(rows, -1).gather(-1, tgt[:, None]).squeeze(-1))
+        start += p + t
+        targets.append(tgt)
+    return out
+
+
+def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The model to train (LoRA-wrapped if configured) and its tokenizer."""
+    from etude.policy.models import load_model
+
+    model, tok = load_model(cfg.model)
+    if cfg.lora.enabled:
+        import peft
+
+        lcfg = peft.LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                               target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
+        model = peft.get_peft_model(model, lcfg)
+    return model, tok
+
+
+def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    # bf16 where supported: CUDA with bf16, or when asked for explicitly; CPU defaults to fp32
+    # because CPU bf16 matmuls are slower than fp32 on most hosts.
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class Learner:
+    """Owns the model being trained, its optimizer and (optionally) a frozen reference."""
+
+    def __init__(self, cfg: TrainConfig, model: Any = None, tokenizer: Any = None):
+        self.cfg = cfg
+        if model is None:
+            model, tokenizer = build_model(cfg)
+        self.model, self.tokenizer = model, tokenizer
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.ref = None
+        if cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
+            self.ref = copy.deepcopy(model).eval().requires_grad_(False)  # LoRA uses disable_adapter()
+        self.updates = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def lr_at(self, update: int) -> float:
+        if self.cfg.warmup_steps <= 0:
+            return self.cfg.lr
+        return self.cfg.lr * min(1.0, (update + 1) / self.cfg.warmup_steps)
+
+    def _ref_logprobs(self, rows: list[list[Sample]]) -> list[list[torch.Tensor]] | None:
+        if self.cfg.loss.kl_coef <= 0:
+            return None
+        with torch.no_grad():
+            if self.ref is not None:
+                return [packed_logprobs(self.ref, r, self.cfg.temperature) for r in rows]
+            with self.model.disable_adapter():
+                return [packed_logprobs(self.model, r, self.cfg.temperature) for r in rows]
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step per PPO epoch over the whole batch; returns step statistics."""
+        t0 = time.perf_counter()
+        samples = [s for s in samples if s.completion_ids]
+        rows = [[samples[i] for i in row] for row in pack(samples, self.cfg.micro_batch_tokens)]
+        self.model.train()
+        ref = self._ref_logprobs(rows)
+        prox = None
+        if self.cfg.ppo_epochs > 1:
+            with torch.no_grad():
+                prox = [packed_logprobs(self.model, r, self.cfg.temperature) for r in rows]
+        stats: dict[str, float] = {}
+        for _ in range(self.cfg.ppo_epochs):
+            stats = self._epoch(rows, prox, ref)
+        self.model.eval()
+        dt = time.perf_counter() - t0
+        tokens = sum(s.length for s in samples)
+        stats.update(train_s=dt, train_tokens=float(tokens), train_tokens_per_s=tokens / max(dt, 1e-9),
+                     micro_batches=float(len(rows)))
+        return stats
+
+    def _epoch(self, rows: list[list[Sample]], prox: Any, ref: Any) -> dict[str, float]:
+        self.opt.zero_grad(set_to_none=True)
+        stats = self.backward(rows, prox, ref)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        lr = self.lr_at(self.updates)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        self.opt.step()
+        self.updates += 1
+        return {**stats, "grad_norm": grad_norm, "lr": lr}
+
+    def backward(self, rows: list[list[Sample]], prox: Any = None, ref: Any = None) -> dict[str, float]:
+        """Accumulate the batch loss's gradient into `.grad`, one packed row at a time."""
+        lc: LossConfig = self.cfg.loss
+        acc: dict[str, list[torch.Tensor]] = {"is": [], "trunc": [], "clip": [], "kl": []}
+        rejected, total_loss = 0, 0.0
+        for r_i, row in enumerate(rows):
+            with autocast_for(self.cfg.precision, self.device):
+                logps = packed_logprobs(self.model, row, self.cfg.temperature)
+            loss = torch.zeros((), device=self.device)
+            for s_i, (s, lp) in enumerate(zip(row, logps, strict=True)):
+                behav = torch.tensor(s.behav_logprobs, device=lp.device, dtype=lp.dtype)
+                pl = lp if prox is None else prox[r_i][s_i]
+                rl = None if ref is None else ref[r_i][s_i]
+                tl = sample_loss(lp, pl, behav, s.advantage, s.weight, lc, rl)
+                loss = loss + tl.loss
+                rejected += int(tl.rejected)
+                for k, v in (("is", tl.is_ratio), ("trunc", tl.truncated), ("clip", tl.clipped), ("kl", tl.kl)):
+                    acc[k].append(v.float().cpu())
+            if loss.requires_grad:
+                loss.backward()
+            total_loss += float(loss.detach())
+        return _summary(acc, rejected, sum(len(r) for r in rows), total_loss)
+
+    # --- weights for rollout workers / checkpoints -------------------------------------------
+
+    def publish_state(self) -> dict[str, torch.Tensor]:
+        """What a rollout worker needs to match the learner: the adapter (LoRA) or all weights."""
+        if self.cfg.lora.enabled:
+            import peft
+
+            return {k: v.detach().cpu().clone() for k, v in peft.get_peft_model_state_dict(self.model).items()}
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+
+def apply_state(model: Any, state: dict[str, torch.Tensor], lora: bool) -> None:
+    """Load what `Learner.publish_state` produced into a worker's copy of the model."""
+    if lora:
+        import peft
+
+        peft.set_peft_model_state_dict(model, state)
+    else:
+        model.load_state_dict(state, strict=False)
+
+
+def _summary(acc: dict[str, list[torch.Tensor]], rejected: int, n: int, loss: float) -> dict[str, float]:
+    cat = {k: torch.cat(v) if v else torch.zeros(0) for k, v in acc.items()}
+    isr = cat["is"]
+    return {
+        "loss": loss,
+        "is_ratio_mean": float(isr.mean()) if len(isr) else 1.0,
+        "is_ratio_min": float(isr.min()) if len(isr) else 1.0,
+        "is_ratio_max": float(isr.max()) if len(isr) else 1.0,
+        "is_truncated_frac": float(cat["trunc"].mean()) if len(isr) else 0.0,
+        "clip_frac": float(cat["clip"].mean()) if len(isr) else 0.0,
+        "kl": float(cat["kl"].mean()) if len(isr) else 0.0,
+        "rejected_frac": rejected / max(1, n),
+    }
