@@ -88,6 +88,18 @@ def run_tool(name: str, args: Any, ctx: ToolContext) -> ToolResult:
         return ToolResult.fail(f"{name} failed: {type(e).__name__}: {e}", error_kind="exception")
 
 
+def run_call(call: Any, ctx: ToolContext) -> ToolResult:
+    """Run a call given as a `ToolCall` or as `{"name": ..., "arguments": {...}}`. Never raises."""
+    if isinstance(call, dict):
+        if not isinstance(call.get("name"), str):
+            return ToolResult.fail('a tool call needs a "name" string', error_kind="invalid_call")
+        return run_tool(call["name"], call.get("arguments"), ctx)
+    name, args = getattr(call, "name", None), getattr(call, "arguments", None)
+    if not isinstance(name, str):
+        return ToolResult.fail(f"not a tool call: {type(call).__name__}", error_kind="invalid_call")
+    return run_tool(name, args, ctx)
+
+
 def _decode_args(args: Any) -> dict[str, Any]:
     """Arguments as a dict. A JSON string is decoded (some backends send the raw string)."""
     if args is None:

@@ -19,6 +19,7 @@ tools (which run on the host) from being steered outside.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from etude.tools.base import ToolError, os_error, shown
@@ -81,19 +82,26 @@ def _check_fd(fd: int, root: Path, shown_path: str) -> None:
         raise ToolError(f"path {shown_path!r} changed to point outside the workspace", kind="path_outside")
 
 
+def _check_regular(fd: int, shown_path: str) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise ToolError(f"{shown_path} is not a regular file (a FIFO, socket or device)", kind="not_a_file")
+
+
 def read_bytes(root: Path, real: Path, max_bytes: int) -> bytes:
     """Read a regular file that `resolve` returned; refuses directories and files over `max_bytes`."""
     name = shown(root, real)
     if real.is_dir():
         raise ToolError(f"{name} is a directory; use list_dir to see its contents", kind="is_directory")
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO the agent made with mkfifo must not hang the tool (it is refused below).
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ToolError(f"file not found: {name} (use glob or list_dir to find files)", kind="not_found") from None
     except OSError as e:
         raise os_error(e, name) from None
     with os.fdopen(fd, "rb") as f:
         _check_fd(fd, root, name)
+        _check_regular(fd, name)
         size = os.fstat(fd).st_size
         if size > max_bytes:
             raise ToolError(f"{name} is {size} bytes, over the {max_bytes}-byte limit", kind="too_large", bytes=size)
@@ -111,11 +119,13 @@ def write_bytes(root: Path, real: Path, data: bytes) -> bool:
     created = not real.exists()
     try:
         real.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise os_error(e, name) from None
     with os.fdopen(fd, "wb") as f:
         _check_fd(fd, root, name)
+        _check_regular(fd, name)
+        os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         f.write(data)
     return created

@@ -2,8 +2,9 @@
 
 Lines are numbered from 1 like `cat -n` ("{n:>6}\\t{text}"), counted on "\\n" only (so numbers
 agree with grep and editors). Output is bounded: at most `read_max_lines` lines and
-`read_max_line_chars` characters per line, with a marker saying how to read the rest. Binary
-files (a NUL byte in the first 8 KiB) are refused; invalid UTF-8 is shown with U+FFFD.
+`read_max_line_chars` characters per line, with a marker saying how to read the rest. CRLF
+lines are shown without the "\\r". Binary files (a NUL byte in the first 8 KiB) are refused;
+invalid UTF-8 is shown with U+FFFD.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def _number(lines: list[str], start: int, end: int, max_chars: int, budget: int)
     Returns (text, last line shown, lines cut)."""
     out, cut, used, last = [], 0, 0, start - 1
     for n in range(start, min(end, len(lines)) + 1):
-        text = lines[n - 1]
+        text = lines[n - 1].removesuffix("\r")  # CRLF files show clean lines; edit_file copes
         if len(text) > max_chars:
             text = text[:max_chars] + f" ... [line cut, {len(text)} characters]"
             cut += 1

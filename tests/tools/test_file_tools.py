@@ -78,6 +78,19 @@ def test_read_empty_file_and_symlink_inside(ctx: ToolContext, ws: Path) -> None:
     assert res.ok and res.output == "     1\tdef add(a, b):" and res.meta["path"] == "src/pkg/core.py"
 
 
+def test_read_and_write_refuse_fifos_without_hanging(ctx: ToolContext, ws: Path) -> None:
+    """A FIFO made by a command (mkfifo) used to block read_file forever."""
+    os.mkfifo(ws / "pipe")
+    res = run_tool("read_file", {"path": "pipe"}, ctx)
+    assert not res.ok and res.meta["error_kind"] == "not_a_file"
+    assert not run_tool("write_file", {"path": "pipe", "content": "x"}, ctx).ok
+
+
+def test_read_crlf_shows_clean_lines(ctx: ToolContext, ws: Path) -> None:
+    (ws / "win.txt").write_bytes(b"one\r\ntwo\r\n")
+    assert run_tool("read_file", {"path": "win.txt"}, ctx).output == "     1\tone\n     2\ttwo"
+
+
 # edit_file
 
 

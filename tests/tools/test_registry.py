@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from etude.protocols import Tool, ToolContext
-from etude.tools import TOOL_NAMES, UnknownTool, available, get_tool, run_tool, tool_schemas, validate
+from etude.tools import TOOL_NAMES, UnknownTool, available, get_tool, run_call, run_tool, tool_schemas, validate
 from etude.tools.read_file import TOOL as READ
-from etude.types import ToolResult
+from etude.types import ToolCall, ToolResult
 
 OURS = ["read_file", "edit_file", "write_file", "grep", "glob", "list_dir", "run_terminal"]
 
@@ -94,3 +94,11 @@ def test_validate_accepts_integral_floats_and_defaults_apply(ctx: ToolContext) -
     assert validate({"path": "a", "start_line": 2.0}, READ.schema["parameters"]) == []
     res = run_tool("grep", {"pattern": "add"}, ctx)  # path '.', max_results 100 by default
     assert res.ok and res.meta["count"] >= 2
+
+
+def test_run_call_takes_toolcall_or_dict(ctx: ToolContext) -> None:
+    assert run_call(ToolCall(id="1", name="read_file", arguments={"path": "README.md"}), ctx).ok
+    assert run_call({"name": "list_dir", "arguments": {"depth": 1}}, ctx).ok
+    for bad in ({"arguments": {}}, "read_file", None):
+        res = run_call(bad, ctx)
+        assert not res.ok and res.meta["error_kind"] == "invalid_call"
