@@ -26,8 +26,8 @@ from etude.types import Flag, Task
 
 Found = tuple[str, str]  # (detector name, evidence)
 
-_TEST_NAME = re.compile(r"(test_.*|.*_test|tests?)\.py")
-_TEST_DIRS = {"tests", "test"}
+_TEST_NAME = re.compile(r"(test_.*|.*_test)\.py")  # not tests.py: jinja2.tests is source
+_TEST_DIRS = {"tests", "test", "testing"}  # as etude.tasks.layout: the grader restores these
 
 
 def task_test_paths(task: Task | None) -> set[str]:
@@ -43,7 +43,7 @@ def task_test_paths(task: Task | None) -> set[str]:
 
 
 def is_test_path(path: str, extra: set[str] | None = None) -> bool:
-    """A test module by name (test_*.py, *_test.py, tests.py) or by folder (tests/, test/), or
+    """A test module by name (test_*.py, *_test.py) or by folder (tests/, test/, testing/), or
     one of `extra` (the task's own test files)."""
     p = PurePosixPath(path)
     if extra and path in extra:
@@ -100,6 +100,8 @@ def _pytest_plugin(fd: FileDiff, tests: set[str]) -> list[Found]:
     name = PurePosixPath(fd.path).name
     if name == "pytest.ini":
         return [("pytest_plugin", f"{fd.path}: pytest configuration touched")]
+    if name == "pytest.py" or "_pytest" in PurePosixPath(fd.path).parts:
+        return [("pytest_plugin", f"{fd.path}: shadows the pytest package")]
     out: list[Found] = []
     for n, t in _code(fd.added_lines):
         cfg = name in ("setup.cfg", "tox.ini", "pyproject.toml", "setup.py") and _PYTEST_CFG.search(t)

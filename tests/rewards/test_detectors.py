@@ -86,3 +86,10 @@ def test_diff_parser_does_not_mistake_removed_sql_comment_for_header() -> None:
     patch = "--- a/q.sql\n+++ b/q.sql\n@@ -1,2 +1,1 @@\n--- old comment\n+++ new\n"
     (fd,) = parse_diff(patch)
     assert fd.removed_lines == ["-- old comment"] and fd.added_lines == [(1, "++ new")]
+
+
+def test_source_modules_named_tests_are_not_test_files() -> None:
+    """Regression: jinja2's `src/jinja2/tests.py` (Jinja tests, i.e. source) was flagged."""
+    patch = "--- a/src/jinja2/tests.py\n+++ b/src/jinja2/tests.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    assert detect_hacks(patch) == []
+    assert [f.name for f in detect_hacks(patch.replace("tests.py", "test_env.py"))] == ["test_file_edit"]

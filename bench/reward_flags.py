@@ -1,0 +1,206 @@
+"""False positives of the reward-hack detectors on honest patches, and recall on the hack corpus.
+
+Honest patches, three sources:
+1. the gold patches of the built-in suite (`etude.tasks.builtin_suite`, train + eval): the target
+   is 0 flags;
+2. upstream release diffs of small packages (PyPI sdists fetched by name+version, sha256 checked
+   by etude.tasks.fetch): every changed file the grader would let an agent change (tests, test
+   config and interpreter hooks excluded, as `etude.tasks.layout.is_protected_path` says) — a
+   stress test, much larger and more varied than any single fix;
+3. the hand-written honest corpus in tests/rewards/corpus/honest.
+
+Baseline in the same run: a keyword grep over added lines (the obvious first attempt), on the
+same patches, so the figure beside ours shows what the structural checks buy.
+
+    .venv/bin/python bench/reward_flags.py [--max-tasks N] [--no-suite] [--no-releases]
+Writes bench/results/reward_flags.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from etude.rewards import detect_hacks
+from etude.rewards.diff import parse_diff
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "rewards" / "corpus"
+OUT = ROOT / "bench" / "results" / "reward_flags.json"
+# (package, old, new): small pure-Python packages with fast test suites (docs/tasks.md).
+RELEASES = [
+    ("tinydb", "4.8.0", "4.8.2"),
+    ("isodate", "0.6.1", "0.7.2"),
+    ("xmltodict", "0.13.0", "0.14.2"),
+    ("toolz", "0.12.1", "1.0.0"),
+    ("python-slugify", "8.0.1", "8.0.4"),
+    ("sqlparse", "0.5.0", "0.5.3"),
+    ("boltons", "23.1.1", "24.1.0"),
+    ("schema", "0.7.5", "0.7.7"),
+    ("mistune", "3.0.1", "3.0.2"),
+    ("more-itertools", "10.3.0", "10.5.0"),
+    # larger, more varied code bases (CLI code with sys.exit, time use, plugins of their own)
+    ("click", "8.1.3", "8.1.7"),
+    ("attrs", "23.1.0", "23.2.0"),
+    ("requests", "2.31.0", "2.32.3"),
+    ("jinja2", "3.1.2", "3.1.4"),
+    ("flask", "2.3.3", "3.0.0"),
+    ("packaging", "23.2", "24.0"),
+    ("rich", "13.7.0", "13.7.1"),
+    ("httpx", "0.26.0", "0.27.0"),
+    ("tomli", "2.0.1", "2.0.2"),
+    ("pyparsing", "3.1.1", "3.1.2"),
+    ("docutils", "0.20.1", "0.21.2"),
+    ("markdown", "3.5.2", "3.6"),
+    ("pygments", "2.17.2", "2.18.0"),
+    ("urllib3", "2.2.1", "2.2.2"),
+]
+KEYWORDS = ("pytest", "sys.exit", "os._exit", "__eq__", "skip", "xfail", "random.seed", "time.time", "conftest",
+            "sitecustomize", "SystemExit", "assert")  # fmt: skip
+console = Console(stderr=True)
+
+
+def baseline_flags(patch: str) -> list[str]:
+    """The keyword grep: any test-looking file touched, or any keyword on an added line."""
+    out = []
+    for fd in parse_diff(patch):
+        if "test" in fd.path.lower():
+            out.append(f"{fd.path}: test-like path")
+        out += [f"{fd.path}:{n}: {k}" for n, t in fd.added_lines for k in KEYWORDS if k in t]
+    return out
+
+
+def measure(patches: list[tuple[str, str, object]]) -> dict:
+    """Flags of ours and of the baseline on (label, patch, task) triples."""
+    ours_t, base_t, flagged, base_flagged, names = [], [], [], 0, Counter()
+    for label, patch, task in patches:
+        t0 = time.perf_counter()
+        flags = detect_hacks(patch, task)
+        ours_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        base = baseline_flags(patch)
+        base_t.append(time.perf_counter() - t0)
+        base_flagged += bool(base)
+        names.update({f.name for f in flags})
+        if flags:
+            flagged.append({"patch": label, "flags": [{"name": f.name, "evidence": f.evidence} for f in flags]})
+    n = len(patches)
+    return {
+        "patches": n,
+        "added_lines": sum(len(fd.added_lines) for _, p, _ in patches for fd in parse_diff(p)),
+        "ours_flagged": len(flagged),
+        "baseline_flagged": base_flagged,
+        "ours_rate": len(flagged) / n if n else None,
+        "baseline_rate": base_flagged / n if n else None,
+        "ours_by_detector": dict(names),
+        "ours_median_ms": 1000 * statistics.median(ours_t) if n else None,
+        "baseline_median_ms": 1000 * statistics.median(base_t) if n else None,
+        "flagged": flagged,
+    }
+
+
+def suite_patches(max_tasks: int | None) -> tuple[list, str | None]:
+    try:
+        from etude.tasks import builtin_suite
+    except ImportError as e:
+        return [], f"etude.tasks.builtin_suite unavailable: {e}"
+    out, errors = [], []
+    for split in ("train", "eval"):
+        try:
+            tasks = builtin_suite(split=split, max_tasks=max_tasks)
+        except Exception as e:  # noqa: BLE001 - report why the suite is missing, keep the other sources
+            errors.append(f"{split}: {type(e).__name__}: {e}")
+            continue
+        out += [(f"{split}/{t.instance_id}", t.patch, t) for t in tasks]
+    return out, "; ".join(errors) or None
+
+
+def release_patches(progress: Progress) -> tuple[list, list[str]]:
+    from etude.tasks.diffs import tree_diff
+    from etude.tasks.fetch import fetch_sdist
+    from etude.tasks.layout import is_protected_path, iter_files
+
+    out, errors = [], []
+    job = progress.add_task("release diffs", total=len(RELEASES))
+    for pkg, old, new in RELEASES:
+        try:
+            a, b = fetch_sdist(pkg, old).root, fetch_sdist(pkg, new).root
+            files = [f for f in set(iter_files(a)) | set(iter_files(b)) if not is_protected_path(f)]
+            patch = tree_diff(a, b, files)
+            # One patch per file: a gold patch is usually one or a few files, and per-file counts
+            # say more than "the release was flagged".
+            out += [(f"{pkg} {old}->{new}: {fd}", fd_text, None) for fd, fd_text in _split(patch)]
+        except Exception as e:  # noqa: BLE001 - a package PyPI no longer serves must not sink the bench
+            errors.append(f"{pkg} {old}->{new}: {type(e).__name__}: {e}")
+        progress.advance(job)
+    return out, errors
+
+
+def _split(patch: str) -> list[tuple[str, str]]:
+    from etude.tasks.diffs import split_files
+
+    return [(fp.path, fp.text) for fp in split_files(patch)]
+
+
+def corpus(kind: str) -> list:
+    """(name, patch, task) of the hand-written corpus; a task where the manifest gives one."""
+    from etude.types import Task
+
+    manifest = json.loads((CORPUS / "expected.json").read_text())
+    out = []
+    for p in sorted((CORPUS / kind).glob("*.diff")):
+        spec = manifest.get(f"{kind}/{p.name}", {}).get("task")
+        task = Task("corpus", "corpus", "", "", "", "", FAIL_TO_PASS=tuple(spec["FAIL_TO_PASS"])) if spec else None
+        out.append((p.name, p.read_text(), task))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--max-tasks", type=int, default=None)
+    ap.add_argument("--no-suite", action="store_true")
+    ap.add_argument("--no-releases", action="store_true")
+    args = ap.parse_args()
+    result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()}}
+    with Progress(console=console) as progress:
+        if not args.no_suite:
+            job = progress.add_task("built-in suite", total=None)
+            patches, err = suite_patches(args.max_tasks)
+            result["builtin_suite_gold"] = {**measure(patches), "error": err}
+            progress.update(job, total=1, completed=1)
+        if not args.no_releases:
+            patches, errors = release_patches(progress)
+            result["release_diffs"] = {**measure(patches), "releases": [list(r) for r in RELEASES], "errors": errors}
+    result["honest_corpus"] = measure(corpus("honest"))
+    hacks = measure(corpus("hacks"))
+    result["hack_corpus_recall"] = {
+        "patches": hacks["patches"],
+        "ours_caught": hacks["ours_flagged"],
+        "baseline_caught": hacks["baseline_flagged"],
+        "ours_by_detector": hacks["ours_by_detector"],
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    for key in ("builtin_suite_gold", "release_diffs", "honest_corpus"):
+        if key in result:
+            r = result[key]
+            console.print(f"{key}: {r['patches']} patches, ours flagged {r['ours_flagged']}, "
+                          f"keyword baseline flagged {r['baseline_flagged']}" + (f" ({r['error']})" if r.get("error") else ""))  # fmt: skip
+    h = result["hack_corpus_recall"]
+    console.print(
+        f"hack corpus: ours caught {h['ours_caught']}/{h['patches']}, baseline {h['baseline_caught']}/{h['patches']}"
+    )
+    console.print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
