@@ -100,5 +100,7 @@ def bwrap_argv(argv: list[str], workspace: Path, cfg: SandboxConfig) -> list[str
     """The full bwrap invocation running `argv` with `workspace` at /workspace."""
     head = [bwrap_exe(), "--unshare-all", "--unshare-user", "--uid", str(cfg.uid), "--gid", str(cfg.gid)]
     head += ["--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
-    tail = ["--bind", str(workspace), "/workspace", "--chdir", "/workspace"]
+    # NOTE: --remount-ro / comes after every mount point exists: the sandbox root (a tmpfs bwrap
+    # made) becomes read-only, so only /workspace and /tmp are writable inside.
+    tail = ["--bind", str(workspace), "/workspace", "--remount-ro", "/", "--chdir", "/workspace"]
     return head + _fs_args(cfg) + tail + _env_args(cfg) + ["--", *argv]

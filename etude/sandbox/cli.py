@@ -4,33 +4,33 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 sandbox_app = typer.Typer(help="Run commands isolated (bubblewrap) in a workspace.", no_args_is_help=True)
 
 
-@sandbox_app.command(
-    "exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True
-)
+@sandbox_app.command("exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def exec_cmd(
-    cmd: list[str] = typer.Argument(..., help="The command and its arguments (after --)."),
-    workspace: Path = typer.Option(..., "--workspace", "-w", help="Directory mounted read-write at /workspace."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Wall-clock seconds; 124 and every process killed on expiry."),
-    memory_mb: int = typer.Option(2048, "--memory-mb", help="Memory cap in MiB (0: none)."),
-    max_procs: int = typer.Option(256, "--max-procs", help="Live processes/threads cap (pids cgroup)."),
-    ro_bind: list[str] = typer.Option([], "--ro-bind", help="Host path bound read-only at the same path (repeatable)."),
-    path_prepend: list[str] = typer.Option([], "--path-prepend", help="Directory put first on PATH inside (repeatable)."),
-    venv: Path | None = typer.Option(None, "--venv", help="A virtual environment to bind read-only and put on PATH."),
-    unsandboxed: bool = typer.Option(False, "--unsandboxed", help="Run on the host WITHOUT isolation (no bwrap)."),
+    cmd: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
+    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory mounted read-write at /workspace.")],
+    timeout: Annotated[float, typer.Option(help="Wall-clock seconds; on expiry every process is killed, exit 124.")] = 60.0,
+    memory_mb: Annotated[int, typer.Option(help="Memory cap in MiB (0: none).")] = 2048,
+    max_procs: Annotated[int, typer.Option(help="Cap on live processes/threads (0: none).")] = 256,
+    ro_bind: Annotated[list[str] | None, typer.Option(help="Host path bound read-only at the same path (repeatable).")] = None,
+    path_prepend: Annotated[list[str] | None, typer.Option(help="Directory put first on PATH inside (repeatable).")] = None,
+    venv: Annotated[Path | None, typer.Option(help="A virtual environment to bind read-only and put on PATH.")] = None,
+    unsandboxed: Annotated[bool, typer.Option(help="Run on the host WITHOUT any isolation (machines without bwrap).")] = False,
 ) -> None:
     """Run CMD isolated with the workspace at /workspace; exit with CMD's status (124 on timeout)."""
     from etude.sandbox import SandboxConfig, run_passthrough
 
-    binds, prepend = list(ro_bind), list(path_prepend)
+    binds, prepend = list(ro_bind or ()), list(path_prepend or ())
     if venv is not None:
         binds.append(str(venv.absolute()))
         prepend.insert(0, str(venv.absolute() / "bin"))
+    _validate(timeout, memory_mb)
     cfg = SandboxConfig(
         backend="unsandboxed" if unsandboxed else "bwrap",
         timeout_s=timeout,
@@ -39,7 +39,6 @@ def exec_cmd(
         ro_binds=tuple(binds),
         path_prepend=tuple(prepend),
     )
-    _validate(timeout, memory_mb)
     sys.stdout.flush()
     code = run_passthrough(cmd, workspace=workspace, config=cfg)
     raise typer.Exit(code)

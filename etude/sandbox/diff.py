@@ -51,8 +51,12 @@ def walk_files(root: Path, sub: str = "") -> Iterable[str]:
                 yield rel
 
 
-def _entry(root: Path, rel: str) -> tuple[str, bytes] | None:
-    """(git mode, content) of root/rel, or None when absent or a directory."""
+class TooLarge(Exception):
+    pass
+
+
+def _entry(root: Path, rel: str, max_bytes: int) -> tuple[str, bytes] | None:
+    """(git mode, content) of root/rel; None when absent, a directory, a fifo or a device."""
     p = root / rel
     try:
         st = p.lstat()
@@ -62,6 +66,8 @@ def _entry(root: Path, rel: str) -> tuple[str, bytes] | None:
         return "120000", os.readlink(p).encode()
     if not stat.S_ISREG(st.st_mode):
         return None
+    if st.st_size > max_bytes:
+        raise TooLarge(rel)
     return ("100755" if st.st_mode & 0o111 else "100644"), p.read_bytes()
 
 
@@ -149,10 +155,19 @@ def file_patch(rel: str, old: tuple[str, bytes] | None, new: tuple[str, bytes] |
     return "".join(head) + _text_hunks(ob, nb)
 
 
-def tree_diff(template: Path, work: Path, candidates: Iterable[str] | None = None) -> str:
-    """Patch turning `template` into `work`. `candidates` limits the paths compared (overlay)."""
+def tree_diff(template: Path, work: Path, candidates: Iterable[str] | None = None, max_file_bytes: int = 16 << 20) -> str:
+    """Patch turning `template` into `work`. `candidates` limits the paths compared (overlay).
+
+    Files over `max_file_bytes` are left out and named in `# etude: skipped` lines at the top
+    (git apply ignores text before the first `diff --git`)."""
     if candidates is None:
         paths = set(walk_files(template)) | set(walk_files(work))
     else:
         paths = {p for p in candidates if not ignored(p)}
-    return "".join(file_patch(rel, _entry(template, rel), _entry(work, rel)) for rel in sorted(paths))
+    parts, skipped = [], []
+    for rel in sorted(paths):
+        try:
+            parts.append(file_patch(rel, _entry(template, rel, max_file_bytes), _entry(work, rel, max_file_bytes)))
+        except TooLarge:
+            skipped.append(f"# etude: skipped file larger than {max_file_bytes} bytes: {quote_path(rel)}\n")
+    return "".join(skipped + parts)

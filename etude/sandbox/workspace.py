@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from pathlib import Path
 from typing import Literal
 
