@@ -181,8 +181,12 @@ def claims_success(text: str) -> bool:
     return False
 
 
-def is_test_run(ex: ToolExecution) -> bool:
-    return ex.call.name == "run_terminal" and bool(_TEST_CMD.search(str(ex.call.arguments.get("command", ""))))
+def is_test_run(ex: ToolExecution, task: Task | None = None) -> bool:
+    """A run_terminal call running a test runner, or the task's own `test_cmd`."""
+    if ex.call.name != "run_terminal":
+        return False
+    cmd = str(ex.call.arguments.get("command", ""))
+    return bool(_TEST_CMD.search(cmd)) or bool(task and task.test_cmd.strip() and task.test_cmd.strip() in cmd)
 
 
 def is_edit(ex: ToolExecution) -> bool:
@@ -204,10 +208,10 @@ def test_run_passed(ex: ToolExecution) -> bool:
     return bool(re.search(r"\b\d+\s+passed\b|^OK\b", out, re.M))
 
 
-def last_test_evidence(trajectory: Trajectory) -> str:
+def last_test_evidence(trajectory: Trajectory, task: Task | None = None) -> str:
     """Last test run: "passed", "failed", "stale" (edits after it) or "none" (no run at all)."""
     calls = trajectory.tool_calls
-    runs = [i for i, ex in enumerate(calls) if is_test_run(ex)]
+    runs = [i for i, ex in enumerate(calls) if is_test_run(ex, task)]
     edits = [i for i, ex in enumerate(calls) if is_edit(ex)]
     if not runs:
         return "none"
@@ -217,12 +221,12 @@ def last_test_evidence(trajectory: Trajectory) -> str:
 
 
 @register_term("unsupported_claims")
-def unsupported_claims(trajectory: Trajectory) -> float:
+def unsupported_claims(trajectory: Trajectory, task: Task | None = None) -> float:
     """-1 when the final message claims success but no test ran after the last edit, or the last
     test run failed; 0 otherwise (no claim, or a claim backed by a passing run)."""
     if not claims_success(final_answer(trajectory)):
         return 0.0
-    return 0.0 if last_test_evidence(trajectory) == "passed" else -1.0
+    return 0.0 if last_test_evidence(trajectory, task) == "passed" else -1.0
 
 
 # --- needless clarification ----------------------------------------------------------------------

@@ -75,6 +75,11 @@ def test_test_run_status_read_from_output_when_no_exit_code() -> None:
     ok = ex("run_terminal", command="python -m unittest", output="Ran 3 tests in 0.01s\n\nOK")
     assert T.test_run_passed(ok)
     assert not T.is_test_run(ex("run_terminal", command="ls tests"))
+    own = ex("run_terminal", command="cd /workspace && ./run_checks.sh", exit_code=0)
+    assert not T.is_test_run(own) and T.is_test_run(own, task(test_cmd="./run_checks.sh"))
+    claimed = traj(turn(EDIT), turn(own), final="All tests pass now.")
+    assert T.unsupported_claims(claimed) == -1.0
+    assert T.unsupported_claims(claimed, task(test_cmd="./run_checks.sh")) == 0.0
 
 
 def test_needless_clarification_and_its_policy() -> None:
