@@ -132,7 +132,7 @@ def _experiment(app: typer.Typer) -> None:
     exp = typer.Typer(help="A/B experiments behind model 'auto' (sticky per user).", no_args_is_help=True)
 
     @exp.command("set")
-    def set_(exp_id: str, arm: list[str] = typer.Option(..., "--arm", help="NAME=CHECKPOINT:WEIGHT, control first"),
+    def set_(exp_id: str, arm: list[str] = typer.Option(..., "--arm", help="NAME=CHECKPOINT:WEIGHT, control first"),  # noqa: B008
              org: str | None = typer.Option(None, "--org"), db: str | None = DB) -> None:
         """Create or re-weight the active experiment, e.g. --arm control=v1:0.9 --arm canary=v2:0.1."""
         from etude.serve import registry

@@ -78,6 +78,8 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
         return engine
     try:
         return sa.create_engine(parsed, pool_pre_ping=True)
+    except sa.exc.NoSuchModuleError as e:
+        raise EtudeError(f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql+psycopg://...") from e
     except ModuleNotFoundError as e:
         raise EtudeError(f"no driver for {parsed.get_backend_name()}: {e.name} (pip install 'etude[postgres]')") from e
 

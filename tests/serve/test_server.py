@@ -1,0 +1,218 @@
+"""The real server on loopback, driven by the official `openai` client; a scripted policy is the
+only fake. Covers tools, streaming, usage, errors, auth, isolation, feedback, batching, routing."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from etude.serve import registry
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+
+
+def client(server, org: str = "acme") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key=server.key(org), max_retries=0)
+
+
+def test_chat_completion_is_logged_with_everything_the_trainer_needs(server):
+    c = client(server)
+    raw = c.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "hello"}], user="u1", temperature=0.3, max_tokens=32)
+    resp = raw.parse()
+    assert resp.choices[0].message.content == "echo: hello"
+    assert resp.model == "fake"
+    assert resp.usage.prompt_tokens == 3 and resp.usage.completion_tokens == 2
+    iid = raw.headers["x-etude-interaction-id"]
+    assert resp.id == iid
+    rec = server.store.interaction("acme", iid)
+    assert rec["checkpoint"] == "fake" and rec["user_id"] == "u1" and rec["model"] == "auto"
+    assert rec["prompt_token_ids"] == [7, 8, 9] and rec["completion_token_ids"] == [1, 2]
+    assert rec["logprobs"] == [-0.5, -0.5]
+    assert rec["params"]["temperature"] == 0.3 and rec["params"]["max_tokens"] == 32
+    assert rec["latency_s"] > 0
+    assert [m["content"] for m in rec["messages"]] == ["hello"]
+
+
+def test_tool_calls_come_back_as_openai_tool_calls_and_the_prompt_carries_the_tools(server):
+    c = client(server)
+    resp = c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "use a tool"}], tools=TOOLS)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "read_file" and json.loads(call.function.arguments) == {"path": "a.py"}
+    assert choice.message.content == "Let me look."
+    system = server.policies["fake"].prompts[-1][0]
+    assert system.role == "system" and '"name": "read_file"' in system.content and "<tool_call>" in system.content
+    # the client sends the call back with its result: accepted and passed to the model
+    follow = c.chat.completions.create(model="auto", tools=TOOLS, messages=[
+        {"role": "user", "content": "use a tool"},
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "print(1)"},
+        {"role": "user", "content": "thanks"}])
+    assert follow.choices[0].message.content == "echo: thanks"
+    sent = server.policies["fake"].prompts[-1]
+    assert sent[2].role == "assistant" and sent[2].tool_calls[0].arguments == {"path": "a.py"}
+    assert sent[3].role == "tool" and sent[3].tool_call_id == call.id
+
+
+def test_a_malformed_tool_call_is_returned_and_logged_not_dropped(server):
+    c = client(server)
+    raw = c.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "broken please"}], tools=TOOLS)
+    body = json.loads(raw.text)
+    assert body["choices"][0]["message"]["etude_parse_errors"]
+    rec = server.store.interaction("acme", raw.headers["x-etude-interaction-id"])
+    assert rec["response"]["parse_errors"] and rec["response"]["raw_text"].startswith("<tool_call>")
+
+
+def test_streaming_sends_text_tool_calls_finish_and_usage(server):
+    c = client(server)
+    chunks = list(c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "stream me"}],
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "echo: stream me"
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "stop"
+    assert chunks[-1].usage.completion_tokens == 3
+    tool_chunks = list(c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "tool"}],
+                                                 tools=TOOLS, stream=True))
+    calls = [tc for ch in tool_chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert calls[0].function.name == "read_file"
+    assert tool_chunks[-1].choices[0].finish_reason == "tool_calls"
+    ids = {ch.id for ch in chunks}
+    assert len(ids) == 1 and server.store.interaction("acme", ids.pop())["params"]["stream"] is True
+
+
+def test_auth_missing_and_invalid_and_revoked_keys_get_401(server):
+    bad = openai.OpenAI(base_url=server.base_url, api_key="etk_0000000000_nope-nope-nope-nope-nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="auto", messages=[{"role": "user", "content": "x"}])
+    r = httpx.post(f"{server.base_url}/chat/completions", json={"model": "auto", "messages": []})
+    assert r.status_code == 401 and "Authorization" in r.json()["error"]["message"]
+    key = server.key("acme")
+    server.store.revoke_key("acme", key.split("_")[1])
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0).models.list()
+    assert server.store.count_interactions("acme") == 0
+
+
+@pytest.mark.parametrize("body,fragment", [
+    ({"model": "auto", "messages": []}, "messages"),
+    ({"model": "auto", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "limit"),
+    ({"model": "auto", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n > 1"),
+    ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+    ({"model": "auto", "messages": [{"role": "tool", "content": "x"}]}, "tool_call_id"),
+])
+def test_bad_parameters_get_400_with_a_clear_message(server, body, fragment):
+    r = httpx.post(f"{server.base_url}/chat/completions", json=body, headers={"authorization": f"Bearer {server.key('acme')}"})
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]["message"]
+
+
+def test_bad_json_unknown_model_and_oversized_body(server):
+    h = {"authorization": f"Bearer {server.key('acme')}"}
+    r = httpx.post(f"{server.base_url}/chat/completions", content=b"{not json", headers=h)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client(server).chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    huge = {"model": "auto", "messages": [{"role": "user", "content": "x" * (server.cfg.max_request_bytes + 10)}]}
+    r = httpx.post(f"{server.base_url}/chat/completions", json=huge, headers=h)
+    assert r.status_code == 413
+
+
+def test_one_org_cannot_read_another_orgs_interactions_or_use_its_checkpoints(server):
+    a, b = client(server, "org-a"), client(server, "org-b")
+    raw = a.chat.completions.with_raw_response.create(model="auto", messages=[{"role": "user", "content": "secret"}])
+    iid = raw.headers["x-etude-interaction-id"]
+    hb = {"authorization": f"Bearer {server.key('org-b')}"}
+    ha = {"authorization": f"Bearer {server.key('org-a')}"}
+    assert httpx.get(f"{server.base_url}/interactions/{iid}", headers=ha).json()["messages"][0]["content"] == "secret"
+    r = httpx.get(f"{server.base_url}/interactions/{iid}", headers=hb)
+    assert r.status_code == 404 and "secret" not in r.text
+    r = httpx.post(f"{server.base_url}/feedback", headers=hb, json={"interaction_id": iid, "kind": "accept"})
+    assert r.status_code == 404
+    assert server.store.interactions(org="org-b") == [] and server.store.feedback(org="org-a") == []
+    # an adapter of org-a: usable by org-a, invisible to org-b
+    registry.register_checkpoint(server.store, "a-adapter", "fake", org="org-a", version=3)
+    assert a.chat.completions.create(model="a-adapter", messages=[{"role": "user", "content": "x"}]).model == "a-adapter"
+    with pytest.raises(openai.NotFoundError):
+        b.chat.completions.create(model="a-adapter", messages=[{"role": "user", "content": "x"}])
+    assert "a-adapter" not in [m.id for m in b.models.list().data]
+    assert "a-adapter" in [m.id for m in a.models.list().data]
+
+
+def test_feedback_endpoint_and_followup_labels(server):
+    c = client(server)
+    h = {"x-etude-session": "s1"}
+    first = c.chat.completions.with_raw_response.create(
+        model="auto", user="u1", extra_headers=h, messages=[{"role": "user", "content": "fix the bug"}])
+    iid = first.headers["x-etude-interaction-id"]
+    assert first.headers["x-etude-session"] == "s1"
+    second = c.chat.completions.with_raw_response.create(model="auto", user="u1", extra_headers=h, messages=[
+        {"role": "user", "content": "fix the bug"}, {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "that's wrong, it still fails"}])
+    labelled = server.store.interaction("acme", second.headers["x-etude-interaction-id"])["messages"][-1]
+    assert labelled["label"] == "dissatisfied" and labelled["label_source"] == "rules"
+    fb = server.store.feedback(org="acme", interaction_ids=[iid])
+    assert [(f["kind"], f["data"]["label"], f["source"]) for f in fb] == [("followup", "dissatisfied", "server")]
+
+    hk = {"authorization": f"Bearer {server.key('acme')}"}
+    ok = httpx.post(f"{server.base_url}/feedback", headers=hk,
+                    json={"interaction_id": iid, "kind": "edit_persistence", "value": 0.75, "data": {"reverted": False}})
+    assert ok.status_code == 200, ok.text
+    r = httpx.post(f"{server.base_url}/feedback", headers=hk,
+                   json={"interaction_id": iid, "kind": "followup", "data": {"text": "thanks, works now"}})
+    assert r.json()["data"]["label"] == "satisfied"
+    for bad in ({"interaction_id": iid, "kind": "edit_persistence", "value": 3},
+                {"interaction_id": iid, "kind": "vibes"}, {"kind": "accept"}):
+        assert httpx.post(f"{server.base_url}/feedback", headers=hk, json=bad).status_code == 400
+    kinds = sorted(f["kind"] for f in server.store.feedback(org="acme", interaction_ids=[iid]))
+    assert kinds == ["edit_persistence", "followup", "followup"]
+
+
+def test_concurrent_requests_are_batched(server_factory):
+    running = server_factory(delay_s=0.2, batch_wait_ms=20)
+    c = client(running)
+    with ThreadPoolExecutor(8) as ex:
+        outs = list(ex.map(lambda i: c.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": f"m{i}"}]).choices[0].message.content, range(8)))
+    assert outs == [f"echo: m{i}" for i in range(8)]
+    assert max(running.policies["fake"].batches) > 1  # some requests shared a batch
+    assert sum(running.policies["fake"].batches) == 8
+
+
+def test_auto_routes_by_experiment_sticky_per_user_and_session(server):
+    registry.register_checkpoint(server.store, "v2", "fake", version=1)
+    registry.set_experiment(server.store, "exp1", [("control", "fake", 0.5), ("canary", "v2", 0.5)])
+    c = client(server)
+    seen = {}
+    for u in range(12):
+        for _ in range(2):
+            r = c.chat.completions.create(model="auto", user=f"user{u}", messages=[{"role": "user", "content": "x"}])
+            seen.setdefault(u, set()).add(r.model)
+    assert all(len(v) == 1 for v in seen.values())  # sticky per user
+    assert {m for v in seen.values() for m in v} == {"fake", "v2"}
+    recs = server.store.interactions(org="acme", experiment_id="exp1")
+    assert len(recs) == 24 and {r["arm"] for r in recs} == {"control", "canary"}
+    assert all(r["policy_version"] == (1 if r["checkpoint"] == "v2" else 0) for r in recs)
+    # a session pinned to the canary keeps it when the weights move everyone to control
+    user_on_canary = next(u for u, v in seen.items() if v == {"v2"})
+    h = {"x-etude-session": "pinned"}
+    assert c.chat.completions.create(model="auto", user=f"user{user_on_canary}", extra_headers=h,
+                                     messages=[{"role": "user", "content": "x"}]).model == "v2"
+    registry.set_experiment(server.store, "exp1", [("control", "fake", 1.0), ("canary", "v2", 0.0)])
+    assert c.chat.completions.create(model="auto", user=f"user{user_on_canary}", extra_headers=h,
+                                     messages=[{"role": "user", "content": "x"}]).model == "v2"
+    assert c.chat.completions.create(model="auto", user=f"user{user_on_canary}",
+                                     messages=[{"role": "user", "content": "x"}]).model == "fake"
+    # rollback of the canary: even the pinned session moves at once
+    registry.rollback(server.store, "v2")
+    assert c.chat.completions.create(model="auto", user=f"user{user_on_canary}", extra_headers=h,
+                                     messages=[{"role": "user", "content": "x"}]).model == "fake"

@@ -1,0 +1,119 @@
+"""The SQL store on a real SQLite file: migrations, durability settings, keys, org scoping."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+import sqlalchemy as sa
+
+from etude.errors import EtudeError, NotFound
+from etude.store import open_store, resolve_url
+from etude.store.engine import current_revision, head_revision
+from etude.store.schema import metadata
+
+
+def _rec(org: str = "acme", **kw):
+    base = dict(org_id=org, checkpoint="tiny", policy_version=2, user_id="u", session_id="s",
+                prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5], logprobs=[-0.1, -0.2],
+                messages=[{"role": "user", "content": "hi"}])
+    return {**base, **kw}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    yield s
+    s.close()
+
+
+def test_url_resolution_prefers_argument_then_env_then_etude_home(etude_home, monkeypatch):
+    monkeypatch.delenv("ETUDE_DB", raising=False)
+    assert resolve_url() == f"sqlite:///{etude_home / 'etude.db'}"
+    monkeypatch.setenv("ETUDE_DB", "sqlite:////tmp/x.db")
+    assert resolve_url() == "sqlite:////tmp/x.db"
+    assert resolve_url("sqlite:////tmp/y.db") == "sqlite:////tmp/y.db"
+
+
+def test_open_migrates_to_head_and_the_migrated_schema_matches_schema_py(store):
+    assert current_revision(store.engine) == head_revision()
+    insp = sa.inspect(store.engine)
+    for table in metadata.sorted_tables:
+        got = {c["name"] for c in insp.get_columns(table.name)}
+        assert got == {c.name for c in table.columns}, table.name
+
+
+def test_sqlite_runs_wal_with_full_sync(store):
+    with store.read() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+
+
+def test_keys_are_stored_hashed_and_authenticate_to_their_org(store, tmp_path):
+    key = store.create_key("acme", name="ci")
+    assert store.authenticate(key) == "acme"
+    assert store.authenticate(key + "x") is None and store.authenticate("garbage") is None
+    raw = sqlite3.connect(tmp_path / "db.sqlite").execute("select key_hash, id from api_keys").fetchall()
+    assert key not in str(raw) and key.split("_", 2)[2] not in str(raw)
+    store.revoke_key("acme", key.split("_")[1])
+    assert store.authenticate(key) is None
+    with pytest.raises(NotFound):
+        store.revoke_key("other", key.split("_")[1])
+    with pytest.raises(EtudeError):
+        store.create_key("bad org!")
+
+
+def test_interactions_are_scoped_by_org_and_filtered_by_window(store):
+    a = store.log_interaction(_rec(created_at=100.0, arm="canary"))
+    store.log_interaction(_rec(created_at=200.0, arm="control"))
+    store.log_interaction(_rec(org="other", created_at=150.0))
+    assert [r["id"] for r in store.interactions(org="acme", until=150)] == [a]
+    assert [r["arm"] for r in store.interactions(org="acme")] == ["canary", "control"]
+    assert len(store.interactions(org="acme", arm="control", since=150)) == 1
+    assert len(store.interactions(org="other")) == 1
+    with pytest.raises(NotFound):
+        store.interaction("other", a)
+    full = store.interaction("acme", a)
+    assert full["logprobs"] == [-0.1, -0.2] and full["prompt_tokens"] == 3 and full["messages"][0]["content"] == "hi"
+
+
+def test_feedback_only_attaches_to_the_orgs_own_interactions(store):
+    a = store.log_interaction(_rec())
+    store.log_feedback({"org_id": "acme", "interaction_id": a, "kind": "accept", "value": 1})
+    with pytest.raises(NotFound):
+        store.log_feedback({"org_id": "other", "interaction_id": a, "kind": "accept"})
+    with pytest.raises(EtudeError):
+        store.log_feedback({"org_id": "acme", "interaction_id": a, "kind": "vibes"})
+    assert [f["kind"] for f in store.feedback(org="acme")] == ["accept"]
+    assert store.feedback(org="other") == []
+
+
+def test_bad_record_is_refused(store):
+    with pytest.raises(ValueError):
+        store.log_interaction({"org_id": "acme"})
+    with pytest.raises(ValueError):
+        store.log_interaction(_rec(not_a_column=1))
+
+
+def test_a_committed_write_survives_kill_9_of_the_writer(tmp_path):
+    """The writer process is SIGKILLed right after log_interaction returns; the row is there."""
+    url = f"sqlite:///{tmp_path / 'k.db'}"
+    code = (
+        "import os, signal, sys\n"
+        "from etude.store import open_store\n"
+        f"s = open_store({url!r})\n"
+        "iid = s.log_interaction({'org_id': 'acme', 'checkpoint': 'c', 'policy_version': 0})\n"
+        "print(iid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -9
+    iid = out.stdout.strip()
+    assert open_store(url).interaction("acme", iid)["checkpoint"] == "c"
+
+
+def test_a_bad_url_is_one_clear_error():
+    with pytest.raises(EtudeError):
+        open_store("notadb://")
