@@ -90,6 +90,7 @@ class _Episode:
         self.diff = ""
         self.episode_id = uuid.uuid4().hex
         self.t0 = time.monotonic()
+        self.t_end: float | None = None
         self._pool: ThreadPoolExecutor | None = None
 
     # -- one turn
@@ -195,6 +196,7 @@ class _Episode:
             except Exception as e:  # noqa: BLE001 - a failed diff must not lose the episode
                 self.meta["diff_error"] = f"{type(e).__name__}: {e}"
         self.complete = True
+        self.t_end = time.monotonic()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -208,7 +210,7 @@ class _Episode:
             policy_id=str(getattr(self.policy, "id", "")), policy_version=int(getattr(self.policy, "version", 0)),
             messages=tuple(self.messages), turns=tuple(self.turns),
             stop_reason=self.stop if (self.stop and self.complete) else "error",
-            diff=self.diff, wall_s=time.monotonic() - self.t0,
+            diff=self.diff, wall_s=(self.t_end or time.monotonic()) - self.t0,
             prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
             config=dict(self.cfg.to_dict(), native_tools=self.native), meta=meta,
         )

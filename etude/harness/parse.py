@@ -34,6 +34,7 @@ FORMATS: tuple[str, ...] = ("auto", "openai", "hermes")
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
+_EMPTY_FENCE = re.compile(r"```[\w+-]*\s*```")
 _TRAILING_COMMA = re.compile(r",\s*[}\]]")
 _SNIPPET = 80
 
@@ -68,12 +69,11 @@ def parse_hermes(text: str, *, tools: Collection[str] | None = None, id_prefix: 
         if kind == "text":
             pieces.append(body)
             continue
-        call, err, rest = _decode_block(body, closed, f"{id_prefix}{len(calls) + len(errors)}", tools)
+        call, err = _decode_block(body, closed, f"{id_prefix}{len(calls) + len(errors)}", tools)
         if err:
             errors.append(f"tool call {len(calls) + len(errors) + 1}: {err}")
         if call:
             calls.append(call)
-        pieces.append(rest)
     stray = [p for p in pieces if CLOSE_TAG in p]
     if stray:
         errors.append(f"found {CLOSE_TAG} without an opening {OPEN_TAG}; wrap each call as {OPEN_TAG}{{...}}{CLOSE_TAG}")
@@ -81,45 +81,62 @@ def parse_hermes(text: str, *, tools: Collection[str] | None = None, id_prefix: 
 
 
 def _blocks(text: str) -> list[tuple[str, str, bool]]:
-    """Split into ("text", s, True) and ("call", body, closed) pieces. A block without a closing
-    tag runs to the next opening tag or the end of the text."""
+    """Split into ("text", s, True) and ("call", body, closed) pieces."""
     out: list[tuple[str, str, bool]] = []
     pos = 0
     while (start := text.find(OPEN_TAG, pos)) != -1:
         out.append(("text", text[pos:start], True))
         body_start = start + len(OPEN_TAG)
-        end = text.find(CLOSE_TAG, body_start)
-        nxt = text.find(OPEN_TAG, body_start)
-        if end != -1 and (nxt == -1 or end < nxt):
-            out.append(("call", text[body_start:end], True))
-            pos = end + len(CLOSE_TAG)
-        else:
-            stop = nxt if nxt != -1 else len(text)
-            out.append(("call", text[body_start:stop], False))
-            pos = stop
+        body_end, closed, pos = _json_extent(text, body_start) or _tag_extent(text, body_start)
+        out.append(("call", text[body_start:body_end], closed))
     out.append(("text", text[pos:], True))
     return out
 
 
-def _decode_block(
-    body: str, closed: bool, call_id: str, tools: Collection[str] | None
-) -> tuple[ToolCall | None, str | None, str]:
-    """-> (call, error, leftover text). Leftover is only non-empty for an unclosed block whose
-    JSON ended before the text did."""
+def _json_extent(text: str, body_start: int) -> tuple[int, bool, int] | None:
+    """When a block starts with a complete JSON object, it ends where that object ends, even if
+    a string inside it holds "</tool_call>" (a file's content, say). -> (body end, closed, next pos)."""
+    i = body_start
+    while i < len(text) and text[i].isspace():
+        i += 1
+    if not text.startswith("{", i):
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, i)
+    except json.JSONDecodeError:
+        return None
+    after = end
+    while after < len(text) and text[after].isspace():
+        after += 1
+    if text.startswith(CLOSE_TAG, after):
+        return end, True, after + len(CLOSE_TAG)
+    close, nxt = text.find(CLOSE_TAG, after), text.find(OPEN_TAG, after)
+    if close != -1 and (nxt == -1 or close < nxt):
+        return None  # more than one value before the closing tag: let strict decoding say so
+    return end, False, end  # unclosed but complete: what follows is text (or the next block)
+
+
+def _tag_extent(text: str, body_start: int) -> tuple[int, bool, int]:
+    """Otherwise the block runs to its closing tag, or, without one, to the next opening tag or
+    the end of the text."""
+    end = text.find(CLOSE_TAG, body_start)
+    nxt = text.find(OPEN_TAG, body_start)
+    if end != -1 and (nxt == -1 or end < nxt):
+        return end, True, end + len(CLOSE_TAG)
+    stop = nxt if nxt != -1 else len(text)
+    return stop, False, stop
+
+
+def _decode_block(body: str, closed: bool, call_id: str, tools: Collection[str] | None) -> tuple[ToolCall | None, str | None]:
     src = _strip_fence(body.strip())
     if not src:
-        return None, f"empty {OPEN_TAG} block", ""
+        return None, f"empty {OPEN_TAG} block"
     try:
-        if closed:
-            obj, rest = json.loads(src), ""
-        else:
-            obj, end = json.JSONDecoder().raw_decode(src)
-            rest = src[end:]
+        obj = json.loads(src)
     except json.JSONDecodeError as e:
         hint = "" if closed else f" (and the block has no closing {CLOSE_TAG})"
-        return None, _json_error(e, src) + hint, ""
-    call, err = _call_from_obj(obj, call_id, tools)
-    return call, err, rest
+        return None, _json_error(e, src) + hint
+    return _call_from_obj(obj, call_id, tools)
 
 
 def _strip_fence(s: str) -> str:
@@ -143,7 +160,8 @@ def _snippet(s: str) -> str:
 
 
 def _join_text(pieces: Sequence[str]) -> str:
-    return "\n".join(p.strip() for p in pieces if p.strip())
+    text = "\n".join(p.strip() for p in pieces if p.strip())
+    return _EMPTY_FENCE.sub("", text).strip()  # a fence that only held calls leaves nothing behind
 
 
 # ---------------------------------------------------------------- one call object, either format
