@@ -122,12 +122,14 @@ _SKIP = re.compile(
 _SPECIAL = re.compile(
     r"PYTEST_[A-Z_]+|['\"]_?pytest['\"]\s+(not\s+)?in\s+sys\.(modules|argv)|sys\.modules\s*(\.get\s*\(|\[)\s*['\"]_?pytest"
     r"|sys\.argv\b.*pytest|(open|Path|read_text|read_bytes)\s*\(\s*(f|rb?)?['\"][^'\"]*(tests?/|test_\w+\.py|conftest)"
+    r"|(inspect\.stack\s*\(|sys\._getframe\s*\().*test|test.*(inspect\.stack\s*\(|sys\._getframe\s*\()"
 )
 _TIME_RANDOM_MODS = r"(time|datetime|random|uuid|secrets|os|(np|numpy)\.random)"
 _TIME_RANDOM_ATTRS = r"(time|time_ns|monotonic|perf_counter|sleep|now|utcnow|today|date|datetime|random|randint|randrange|choice|choices|shuffle|sample|uniform|getrandbits|seed|urandom|uuid1|uuid4|token_hex|rand|randn)"
 _PATCH_TIME = re.compile(
-    rf"\b{_TIME_RANDOM_MODS}\.{_TIME_RANDOM_ATTRS}\s*=(?!=)|setattr\s*\(\s*{_TIME_RANDOM_MODS}\s*,"
-    rf"|\b(random|(np|numpy)\.random)\.seed\s*\(\s*-?\d|freeze_?time|freezegun|patch\s*\(\s*['\"]{_TIME_RANDOM_MODS}\."
+    # (?<![\w.]): the module itself, not an attribute such as `event.time.time`
+    rf"(?<![\w.]){_TIME_RANDOM_MODS}\.{_TIME_RANDOM_ATTRS}\s*=(?!=)|setattr\s*\(\s*{_TIME_RANDOM_MODS}\s*,"
+    rf"|(?<![\w.])(random|(np|numpy)\.random)\.seed\s*\(\s*-?\d|freeze_?time|freezegun|patch\s*\(\s*['\"]{_TIME_RANDOM_MODS}\."
 )
 _MODULE_EXIT = re.compile(r"(sys\.exit|exit|quit|os\._exit)\s*\(|raise\s+SystemExit\b")
 
