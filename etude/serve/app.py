@@ -115,6 +115,12 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
     async def feedback(request: Request) -> Any:
         org = await org_of(request)
         record = _feedback_record(org, await body_of(request))
+        if record["interaction_id"] is None:  # named by session: the session's newest interaction
+            last = await asyncio.to_thread(store.last_interaction, org, record.pop("session_id"))
+            if last is None:
+                raise ApiError(404, "no interaction in that session", "session_id")
+            record["interaction_id"] = last["id"]
+        record.pop("session_id", None)
         try:
             fid = await asyncio.to_thread(store.log_feedback, record)
         except NotFound as e:
@@ -141,15 +147,18 @@ async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def _feedback_record(org: str, body: bytes) -> dict[str, Any]:
-    """Validate a /v1/feedback body: {"interaction_id", "kind", "value"?, "data"?}."""
+    """Validate a /v1/feedback body: {"interaction_id" | "session_id", "kind", "value"?, "data"?}."""
     import json
 
     try:
         d = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(d, dict) or not isinstance(d.get("interaction_id"), str):
-        raise ApiError(400, "feedback needs a string interaction_id", "interaction_id")
+    if not isinstance(d, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    iid, sid = d.get("interaction_id"), d.get("session_id")
+    if not isinstance(iid, str) and not isinstance(sid, str):
+        raise ApiError(400, "feedback needs a string interaction_id (or session_id)", "interaction_id")
     kind = d.get("kind")
     if kind not in FEEDBACK_KINDS:
         raise ApiError(400, f"kind must be one of {', '.join(FEEDBACK_KINDS)}", "kind")
@@ -162,8 +171,8 @@ def _feedback_record(org: str, body: bytes) -> dict[str, Any]:
         raise ApiError(400, "edit_persistence needs a value in [0, 1] (the surviving share)", "value")
     if kind == "followup":
         value, data = _classify_followup(value, data)
-    return {"org_id": org, "interaction_id": d["interaction_id"], "kind": kind, "value": value, "data": data,
-            "source": "client"}
+    return {"org_id": org, "interaction_id": iid if isinstance(iid, str) else None, "session_id": sid,
+            "kind": kind, "value": value, "data": data, "source": "client"}
 
 
 def _classify_followup(value: Any, data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:

@@ -21,7 +21,7 @@ BROKEN_CALL = '<tool_call>{"name": "read_file", "arguments": {"path": </tool_cal
 
 class ScriptedServePolicy:
     """Answers by the last user message: 'tool' -> a read_file call, 'broken' -> a malformed
-    call, anything else -> 'echo: <message>'. Records every batch it was given."""
+    call, a question -> a clarifying question back, anything else -> 'echo: <message>'. Records every batch it was given."""
 
     native_tools = False
 
@@ -32,6 +32,8 @@ class ScriptedServePolicy:
 
     def _answer(self, messages: Sequence[Message]) -> str:
         last = next((m.content for m in reversed(messages) if m.role == "user"), "")
+        if last.endswith("?"):
+            return "Which file do you mean?"
         if "broken" in last:
             return BROKEN_CALL
         if "tool" in last:

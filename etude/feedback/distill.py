@@ -1,0 +1,239 @@
+"""Distillation: logged interactions + feedback -> scored samples for the trainer.
+
+```python
+res = distill(store, "acme", window=(t0, t1), config=DistillConfig(max_staleness=2))
+res.samples          # list[ScoredSample]: token ids, behaviour log-probs, policy version, RewardBreakdown
+res.excluded_stale   # interactions left out because their checkpoint is too old (also per checkpoint)
+[s.to_episode() for s in res]   # etude.train.envs.Episode, what the learner consumes
+```
+
+Each interaction becomes a one-turn `Trajectory` (the request messages, the answer, the turn's
+`Generation` rebuilt from the stored prompt/completion token ids and log-probs) with
+`meta["feedback"]` filled from the feedback events, then scored by `etude.rewards.score` with
+`outcome=None` (production has no test verdict). So the production reward terms (edit
+persistence, follow-up, latency) and the behaviour terms (broken calls, needless clarification,
+verbosity, unsupported claims) are the rewards issue's own functions, not re-implemented here.
+
+Never filtered out: interactions whose answer had malformed tool calls (they carry
+`parse_errors`, so `broken_calls` is negative) and answers that only ask a question (scored by
+`needless_clarification`). The only exclusions are staleness (policy version more than
+`max_staleness` behind the reference version) and, if configured, checkpoints outside
+`checkpoints`; both are counted.
+
+Signals -> meta["feedback"]: the newest `edit_persistence` event gives edit_persistence and
+reverted; the newest `followup` event gives the label; otherwise a `retry` or `reject` event
+means "dissatisfied" and an `accept` means "satisfied"; latency is the client's reported total
+if any, else the server's measured latency. A tool call's result is read from the next
+interaction of the same session (a tool message answering its id; "Error:" marks a failure);
+a call whose result never came back is not counted as broken.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from etude.types import Generation, Message, RewardBreakdown, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
+
+
+@dataclass
+class DistillConfig:
+    max_staleness: int = 2
+    """versions behind `reference_version` an interaction's policy may be and still count."""
+    reference_version: int | None = None
+    """default: the org's production checkpoint's version, else the newest version in the window."""
+    checkpoints: tuple[str, ...] | None = None
+    """only these checkpoints (e.g. the arms of one experiment); None = all."""
+    latency_budget_s: float = 20.0
+    """latency at which the latency term reaches -1."""
+    reward: Any = None
+    """etude.rewards.RewardConfig (None: its defaults)."""
+
+
+@dataclass(frozen=True)
+class ScoredSample:
+    interaction_id: str
+    org_id: str
+    checkpoint: str
+    policy_version: int
+    prompt_token_ids: tuple[int, ...]  # [num_prompt_tokens]
+    completion_token_ids: tuple[int, ...]  # [num_completion_tokens]
+    behaviour_logprobs: tuple[float, ...]  # [num_completion_tokens], logged at serving time
+    reward: RewardBreakdown
+    trajectory: Trajectory
+    user_id: str = ""
+    session_id: str = ""
+    experiment_id: str | None = None
+    arm: str | None = None
+    created_at: float = 0.0
+
+    def to_episode(self) -> Any:
+        """The learner's `etude.train.envs.Episode` (imported lazily: it pulls in torch)."""
+        from etude.train.envs import Episode, TurnSample
+
+        turn = TurnSample(list(self.prompt_token_ids), list(self.completion_token_ids), list(self.behaviour_logprobs))
+        return Episode(problem_id=self.interaction_id, family="production", reward=self.reward.total,
+                       terms=dict(self.reward.terms), resolved=False, turns=[turn], policy_version=self.policy_version,
+                       text=self.trajectory.final_message,
+                       meta={"checkpoint": self.checkpoint, "arm": self.arm, "org_id": self.org_id})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"interaction_id": self.interaction_id, "org_id": self.org_id, "checkpoint": self.checkpoint,
+                "policy_version": self.policy_version, "prompt_token_ids": list(self.prompt_token_ids),
+                "completion_token_ids": list(self.completion_token_ids),
+                "behaviour_logprobs": list(self.behaviour_logprobs), "reward": self.reward.to_dict(),
+                "feedback": self.trajectory.meta.get("feedback", {}), "user_id": self.user_id,
+                "session_id": self.session_id, "experiment_id": self.experiment_id, "arm": self.arm,
+                "created_at": self.created_at}
+
+
+@dataclass
+class DistillResult:
+    samples: list[ScoredSample]
+    excluded_stale: int
+    excluded_by_checkpoint: dict[str, int] = field(default_factory=dict)
+    excluded_other: int = 0  # outside `checkpoints`
+    reference_version: int | None = None
+    n_interactions: int = 0
+
+    def __iter__(self) -> Iterator[ScoredSample]:
+        return iter(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def summary(self) -> dict[str, Any]:
+        return {"samples": len(self.samples), "interactions": self.n_interactions,
+                "excluded_stale": self.excluded_stale, "excluded_by_checkpoint": self.excluded_by_checkpoint,
+                "excluded_other": self.excluded_other, "reference_version": self.reference_version,
+                "mean_reward": sum(s.reward.total for s in self.samples) / len(self.samples) if self.samples else None}
+
+
+def distill(store: Any, org: str, window: tuple[float | None, float | None] | None = None,
+            config: DistillConfig | None = None) -> DistillResult:
+    """Score every interaction of `org` in `window` (since, until) (see module docstring)."""
+    from etude.rewards import RewardConfig, score
+
+    cfg = config or DistillConfig()
+    since, until = window or (None, None)
+    rows = store.interactions(org=org, since=since, until=until, with_messages=True)
+    ref = _reference_version(store, org, rows, cfg)
+    keep, stale, other = [], Counter(), 0
+    for r in rows:
+        if cfg.checkpoints is not None and r["checkpoint"] not in cfg.checkpoints:
+            other += 1
+        elif ref is not None and ref - int(r["policy_version"]) > cfg.max_staleness:
+            stale[r["checkpoint"]] += 1
+        else:
+            keep.append(r)
+    events = _events_by_interaction(store.feedback(org=org, interaction_ids=[r["id"] for r in keep]))
+    results = _tool_results(rows)
+    rcfg = cfg.reward or RewardConfig()
+    samples = []
+    for r in keep:
+        traj = to_trajectory(r, events.get(r["id"], []), results, cfg.latency_budget_s)
+        samples.append(_sample(r, traj, score(traj, None, None, rcfg)))
+    return DistillResult(samples, sum(stale.values()), dict(stale), other, ref, len(rows))
+
+
+def _reference_version(store: Any, org: str, rows: Sequence[dict[str, Any]], cfg: DistillConfig) -> int | None:
+    if cfg.reference_version is not None:
+        return cfg.reference_version
+    from etude.serve.registry import production
+
+    prod = production(store, org)
+    if prod is not None:
+        return prod.version
+    return max((int(r["policy_version"]) for r in rows), default=None)
+
+
+def _events_by_interaction(events: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in events:  # oldest first, so "newest wins" is the last assignment
+        out.setdefault(e["interaction_id"], []).append(e)
+    return out
+
+
+def feedback_meta(row: dict[str, Any], events: Sequence[dict[str, Any]], latency_budget_s: float) -> dict[str, Any]:
+    """The `trajectory.meta["feedback"]` dict the reward terms read (see module docstring)."""
+    fb: dict[str, Any] = {"latency_s": row["latency_s"], "latency_budget_s": latency_budget_s}
+    implied = None
+    for e in events:
+        kind, data = e["kind"], e["data"] or {}
+        if kind == "edit_persistence":
+            fb["edit_persistence"] = e["value"]
+            fb["reverted"] = bool(data.get("reverted", False))
+        elif kind == "followup" and data.get("label"):
+            fb["followup"] = data["label"]
+        elif kind in ("retry", "reject"):
+            implied = "dissatisfied"
+        elif kind == "accept":
+            implied = implied or "satisfied"
+        elif kind == "latency":
+            total = data.get("total_s", e["value"])
+            if total is not None:
+                fb["latency_s"] = float(total)
+        fb.setdefault("events", []).append(kind)
+    if "followup" not in fb and implied is not None:
+        fb["followup"] = implied
+    return fb
+
+
+def _tool_results(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    # tool_call_id -> the tool message content that answered it, from any later request
+    out: dict[str, str] = {}
+    for r in rows:
+        for m in r.get("messages", []):
+            if m["role"] == "tool" and m["tool_call_id"]:
+                out.setdefault(m["tool_call_id"], m["content"])
+    return out
+
+
+def to_trajectory(row: dict[str, Any], events: Sequence[dict[str, Any]], results: dict[str, str],
+                  latency_budget_s: float = 20.0) -> Trajectory:
+    """One logged interaction as a one-turn Trajectory with meta["feedback"]."""
+    resp = row["response"] or {}
+    calls = tuple(_call(c) for c in resp.get("tool_calls") or ())
+    gen = Generation(text=resp.get("raw_text", resp.get("content", "")), prompt_token_ids=tuple(row["prompt_token_ids"]),
+                     token_ids=tuple(row["completion_token_ids"]), logprobs=tuple(row["logprobs"]),
+                     finish_reason=row["finish_reason"], policy_id=row["checkpoint"],
+                     policy_version=int(row["policy_version"]), tool_calls=calls or None, latency_s=row["latency_s"])
+    execs = tuple(ToolExecution(call=c, result=_result(results.get(c.id)), started_s=0.0, duration_s=0.0) for c in calls)
+    turn = Turn(index=0, generation=gen, tool_executions=execs, parse_errors=tuple(resp.get("parse_errors") or ()))
+    msgs = [Message.from_dict({**m, "tool_calls": m.get("tool_calls") or ()}) for m in row.get("messages", [])]
+    msgs.append(Message(role="assistant", content=resp.get("content", ""), tool_calls=calls))
+    stop = "max_tokens" if row["finish_reason"] == "length" else "answer"
+    meta = {"feedback": feedback_meta(row, events, latency_budget_s), "interaction_id": row["id"],
+            "source": "production", "arm": row.get("arm"), "experiment_id": row.get("experiment_id")}
+    return Trajectory(episode_id=row["id"], task_id=None, policy_id=row["checkpoint"],
+                      policy_version=int(row["policy_version"]), messages=tuple(msgs), turns=(turn,),
+                      stop_reason=stop, wall_s=row["latency_s"], prompt_tokens=row["prompt_tokens"],
+                      completion_tokens=row["completion_tokens"], config=dict(row.get("params") or {}), meta=meta)
+
+
+def _call(c: dict[str, Any]) -> ToolCall:
+    import json
+
+    fn = c.get("function", {})
+    args = fn.get("arguments", "{}")
+    return ToolCall(id=c["id"], name=fn.get("name", ""), arguments=json.loads(args) if isinstance(args, str) else args)
+
+
+def _result(content: str | None) -> ToolResult:
+    if content is None:
+        return ToolResult(ok=True, meta={"result_seen": False})
+    if content.startswith("Error:"):
+        return ToolResult(ok=False, error=content[6:].strip().splitlines()[0] if content[6:].strip() else "error",
+                          output=content, meta={"result_seen": True})
+    return ToolResult(ok=True, output=content, meta={"result_seen": True})
+
+
+def _sample(r: dict[str, Any], traj: Trajectory, reward: RewardBreakdown) -> ScoredSample:
+    return ScoredSample(interaction_id=r["id"], org_id=r["org_id"], checkpoint=r["checkpoint"],
+                        policy_version=int(r["policy_version"]), prompt_token_ids=tuple(r["prompt_token_ids"]),
+                        completion_token_ids=tuple(r["completion_token_ids"]),
+                        behaviour_logprobs=tuple(r["logprobs"]), reward=reward, trajectory=traj,
+                        user_id=r["user_id"], session_id=r["session_id"], experiment_id=r.get("experiment_id"),
+                        arm=r.get("arm"), created_at=r["created_at"])
