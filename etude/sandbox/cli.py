@@ -11,6 +11,13 @@ import typer
 sandbox_app = typer.Typer(help="Run commands isolated (bubblewrap) in a workspace.", no_args_is_help=True)
 
 
+@sandbox_app.callback()
+def _group() -> None:
+    """Run commands isolated (bubblewrap) in a workspace."""
+    # NOTE: a callback keeps this a command group, so `exec` stays a subcommand even when the
+    # app runs on its own (`python -m etude.sandbox.cli exec ...`).
+
+
 @sandbox_app.command("exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def exec_cmd(
     cmd: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
@@ -55,3 +62,19 @@ def _validate(timeout: float, memory_mb: int) -> None:
 
 def register(app: typer.Typer) -> None:
     app.add_typer(sandbox_app, name="sandbox")
+
+
+def main() -> None:
+    """`python -m etude.sandbox.cli exec ...`: the same command without loading every component's
+    CLI (the full `etude` app imports them all, which is slow on a busy machine)."""
+    from etude.errors import EtudeError
+
+    try:
+        sandbox_app()
+    except EtudeError as e:
+        print(f"etude: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,10 @@ def cfg() -> SandboxConfig:
     return SandboxConfig(timeout_s=20, ro_binds=(str(VENV),), path_prepend=(str(VENV / "bin"),))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "unsandboxed: runs the explicit unsandboxed backend (no bwrap needed)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Every test here runs real bubblewrap; skip them loudly (not silently pass) where it is missing.
     if shutil.which("bwrap") is not None:

@@ -1,0 +1,169 @@
+"""Copy-on-write workspaces: kinds, diff completeness (git apply round trip), cleanup, crashes."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from etude.errors import EtudeError
+from etude.sandbox import Workspace, run
+from etude.sandbox.diff import IGNORED_DIRS
+
+KINDS = ["overlay", "worktree", "copy"]
+
+
+def make_template(root: Path, git: bool = False) -> Path:
+    tpl = root / "tpl"
+    (tpl / "pkg" / "sub").mkdir(parents=True)
+    (tpl / "pkg" / "m.py").write_text("a = 1\nb = 2\nc = 3\n")
+    (tpl / "pkg" / "sub" / "deep.txt").write_text("deep\n")
+    (tpl / "nonl.txt").write_text("no newline")
+    (tpl / "gone.txt").write_text("bye\n")
+    (tpl / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    (tpl / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (tpl / "dir_to_remove").mkdir()
+    (tpl / "dir_to_remove" / "x.txt").write_text("x\n")
+    (tpl / "link").symlink_to("pkg/m.py")
+    if git:
+        subprocess.run(["git", "init", "-q", str(tpl)], check=True)
+        subprocess.run(["git", "-C", str(tpl), "add", "-A"], check=True)
+        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}
+        subprocess.run(["git", "-C", str(tpl), "commit", "-qm", "init"], check=True, env=env)
+    return tpl
+
+
+EDITS = (
+    "printf 'a = 1\\nb = 20\\nc = 3\\n' > pkg/m.py; "
+    "printf 'no newline, still' > nonl.txt; "
+    "rm gone.txt; rm -r dir_to_remove; "
+    "printf '\\000\\001binary' >> blob.bin; "
+    "chmod +x pkg/sub/deep.txt; "
+    "mkdir -p new/dir && echo new > new/dir/file.txt; "
+    "echo spaced > 'with space.txt'; "
+    ": > empty.txt; "
+    "ln -sf run.sh link; "
+    "mkdir -p pkg/__pycache__ && echo junk > pkg/__pycache__/m.cpython-311.pyc; "
+    "mkdir .pytest_cache && echo junk > .pytest_cache/x; echo junk > stray.pyc"
+)
+
+
+def _same_tree(a: Path, b: Path) -> None:
+    cmp = filecmp.dircmp(a, b, ignore=[*IGNORED_DIRS, "stray.pyc"])
+    _assert_same(cmp)
+
+
+def _assert_same(cmp: filecmp.dircmp) -> None:
+    assert not cmp.left_only and not cmp.right_only and not cmp.diff_files, (cmp.left, cmp.left_only, cmp.right_only, cmp.diff_files)
+    for sub in cmp.subdirs.values():
+        _assert_same(sub)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_diff_round_trips_through_git_apply(tmp_path: Path, kind: str) -> None:
+    tpl = make_template(tmp_path, git=(kind == "worktree"))
+    pristine = tmp_path / "pristine"
+    shutil.copytree(tpl, pristine, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    with Workspace.create(tpl, kind=kind, root=tmp_path / "wsroot") as ws:
+        assert ws.kind == kind
+        r = run(["sh", "-c", EDITS], workspace=ws.path)
+        assert r.returncode == 0, r.stderr
+        patch = ws.diff()
+        target = tmp_path / "target"
+        shutil.copytree(pristine, target, symlinks=True)
+        subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], input=patch.encode(), cwd=target, check=True)
+        _same_tree(target, ws.path)
+    assert "__pycache__" not in patch and ".pytest_cache" not in patch and ".pyc" not in patch
+    assert "deleted file mode 100644" in patch and "new file mode" in patch and "GIT binary patch" in patch
+    assert "old mode 100644\nnew mode 100755" in patch
+    _same_tree(tpl, pristine)  # the template was not touched
+
+
+def test_unchanged_workspace_has_empty_diff(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path)
+    with Workspace.create(tpl, root=tmp_path / "wsroot") as ws:
+        assert ws.diff() == ""
+        (ws.path / "pkg" / "m.py").write_text("a = 1\nb = 2\nc = 3\n")  # rewritten, same bytes
+        assert ws.diff() == ""
+
+
+def test_overlay_creation_is_a_mount_and_close_removes_it(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path)
+    ws = Workspace.create(tpl, kind="overlay", root=tmp_path / "wsroot")
+    assert ws.path.is_mount()
+    assert (ws.path / "pkg" / "m.py").read_text().startswith("a = 1")
+    ws.close()
+    ws.close()  # idempotent
+    assert not ws.base.exists()
+    assert str(ws.path) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_many_overlays_at_once(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path)
+    spaces: list[Workspace] = []
+    lock = threading.Lock()
+
+    def make(i: int) -> None:
+        w = Workspace.create(tpl, root=tmp_path / "wsroot")
+        (w.path / f"only{i}.txt").write_text(f"{i}\n")
+        with lock:
+            spaces.append(w)
+
+    threads = [threading.Thread(target=make, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert len({w.path for w in spaces}) == 12
+        for w in spaces:
+            names = [p.name for p in w.path.glob("only*.txt")]
+            assert len(names) == 1 and f"b/{names[0]}" in w.diff()
+    finally:
+        for w in spaces:
+            w.close()
+    assert not list((tmp_path / "wsroot").glob("ws-*"))
+
+
+def test_workspace_left_by_a_crashed_process_is_swept(tmp_path: Path) -> None:
+    tpl, root = make_template(tmp_path), tmp_path / "wsroot"
+    code = (
+        "import os, sys\nfrom etude.sandbox import Workspace\n"
+        f"w = Workspace.create({str(tpl)!r}, root={str(root)!r})\nprint(w.base, w.path, flush=True)\nos._exit(1)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False).stdout.split()
+    base, merged = Path(out[0]), Path(out[1])
+    assert base.exists() and merged.is_mount()  # the crash left a mounted overlay behind
+    with Workspace.create(tpl, root=root) as fresh:
+        assert not base.exists() and not merged.is_mount()
+        assert fresh.path.exists()
+
+
+def test_auto_falls_back_to_copy_without_overlay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import etude.sandbox.workspace as wsmod
+
+    def no_mount(*a: object) -> None:
+        raise OSError(1, "overlay not permitted here")
+
+    monkeypatch.setattr(wsmod, "_mount_overlay", no_mount)
+    tpl = make_template(tmp_path)  # not a git checkout: worktree is impossible too
+    with Workspace.create(tpl, root=tmp_path / "wsroot") as ws:
+        assert ws.kind == "copy"
+        (ws.path / "gone.txt").unlink()
+        assert "deleted file mode 100644" in ws.diff()
+
+
+def test_bad_template_is_an_etude_error(tmp_path: Path) -> None:
+    with pytest.raises(EtudeError):
+        Workspace.create(tmp_path / "missing")
+    with pytest.raises(EtudeError):
+        Workspace.create(tmp_path, kind="zfs")  # type: ignore[arg-type]
+    with pytest.raises(EtudeError):
+        Workspace.create(make_template(tmp_path), kind="worktree")  # not a git checkout
