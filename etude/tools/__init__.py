@@ -52,7 +52,7 @@ def available() -> list[str]:
 
 def get_tool(name: str) -> Tool:
     """The tool object for `name`; raises UnknownTool (a ToolError and a KeyError) otherwise."""
-    if name in _cache:
+    if isinstance(name, str) and name in _cache:
         return _cache[name]
     if not isinstance(name, str) or name not in TOOL_NAMES or name not in available():
         raise UnknownTool(name)
@@ -131,5 +131,6 @@ def _describe(err: Any, parameters: dict[str, Any]) -> str:
         extra = sorted(set(err.instance) - set(parameters.get("properties", {})))
         return f"unknown argument(s) {', '.join(map(repr, extra))} (expected: {known})"
     if err.validator == "type":
-        return f"argument {where!r} must be of type {err.validator_value}, got {json.dumps(err.instance)[:60]}"
-    return f"argument {where!r}: {err.message}"
+        return f"argument {where!r} must be of type {err.validator_value}, got {json.dumps(err.instance, default=repr)[:60]}"
+    message = err.message if len(err.message) <= 200 else err.message[:200] + "..."
+    return f"argument {where!r}: {message}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable
 from typing import Any
 
 from etude.protocols import ToolContext
@@ -102,11 +103,7 @@ def _near_miss(text: str, old: str) -> str:
 
 
 def _diff(before: str, after: str, name: str, max_lines: int) -> tuple[str, dict[str, Any]]:
-    rows = list(
-        difflib.unified_diff(
-            before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{name}", f"b/{name}", n=3
-        )
-    )
+    rows = unified_rows(before.splitlines(keepends=True), after.splitlines(keepends=True), name)
     added = sum(1 for r in rows if r.startswith("+") and not r.startswith("+++"))
     removed = sum(1 for r in rows if r.startswith("-") and not r.startswith("---"))
     text = "".join(r if r.endswith("\n") else r + "\n\\ No newline at end of file\n" for r in rows[:max_lines])
@@ -114,6 +111,54 @@ def _diff(before: str, after: str, name: str, max_lines: int) -> tuple[str, dict
     if truncated:
         text += f"... [diff truncated: {len(rows) - max_lines} more lines]\n"
     return text.rstrip("\n"), {"lines_added": added, "lines_removed": removed, "diff_truncated": truncated}
+
+
+def unified_rows(a: list[str], b: list[str], name: str, n: int = 3) -> list[str]:
+    """`difflib.unified_diff` rows, but the matcher only sees the lines between the common prefix
+    and suffix: one edit in a 5,000-line file costs microseconds instead of ~50 ms."""
+    p = _longest(lambda k: a[:k] == b[:k], min(len(a), len(b)))
+    s = _longest(lambda k: a[len(a) - k :] == b[len(b) - k :], min(len(a), len(b)) - p)
+    inner = difflib.SequenceMatcher(None, a[p : len(a) - s], b[p : len(b) - s], autojunk=False).get_opcodes()
+    ops = [("equal", 0, p, 0, p)] if p else []
+    ops += [(tag, i1 + p, i2 + p, j1 + p, j2 + p) for tag, i1, i2, j1, j2 in inner]
+    if s:
+        ops.append(("equal", len(a) - s, len(a), len(b) - s, len(b)))
+    matcher = difflib.SequenceMatcher(None, (), ())  # empty: indexing all of b would cost ~15 ms
+    matcher.opcodes = ops  # NOTE: get_opcodes() returns this cache; the full-file match is never run
+    rows = [f"--- a/{name}\n", f"+++ b/{name}\n"]
+    for group in matcher.get_grouped_opcodes(n):
+        rows.append(_hunk_header(group))
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                rows += [" " + line for line in a[i1:i2]]
+                continue
+            rows += ["-" + line for line in a[i1:i2]]
+            rows += ["+" + line for line in b[j1:j2]]
+    return rows if len(rows) > 2 else []
+
+
+def _longest(same: Callable[[int], bool], hi: int) -> int:
+    """The largest k in [0, hi] with same(k), for a monotone `same` (binary search: list slices
+    compare in C, where a Python loop over 5,000 lines took ~5 ms)."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if same(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _hunk_header(group: list[tuple[str, int, int, int, int]]) -> str:
+    def span(start: int, stop: int) -> str:
+        length = stop - start
+        first = start + 1 if length else start
+        return f"{first}" if length == 1 else f"{first},{length}"
+
+    i1, i2 = group[0][1], group[-1][2]
+    j1, j2 = group[0][3], group[-1][4]
+    return f"@@ -{span(i1, i2)} +{span(j1, j2)} @@\n"
 
 
 TOOL = EditFile()

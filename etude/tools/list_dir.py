@@ -72,7 +72,7 @@ def _walk(
         pad = "  " * (level + 1)
         rel = shown(root, e.path)
         if e.is_symlink():
-            target = os.readlink(e.path)
+            target = _readlink(e.path)
             rows.append(f"{pad}{e.name} -> {target}")
             entries.append({"path": rel, "type": "symlink", "target": target})
         elif e.is_dir(follow_symlinks=False):
@@ -82,10 +82,24 @@ def _walk(
             if level + 1 < depth and not skip and _walk(Path(e.path), root, depth, level + 1, rows, entries, limit):
                 return True
         else:
-            size = e.stat(follow_symlinks=False).st_size
+            size = _size(e)
             rows.append(f"{pad}{e.name}")
             entries.append({"path": rel, "type": "file", "size": size})
     return False
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"  # removed while we listed
+
+
+def _size(e: os.DirEntry[str]) -> int | None:
+    try:
+        return e.stat(follow_symlinks=False).st_size
+    except OSError:
+        return None
 
 
 TOOL = ListDir()

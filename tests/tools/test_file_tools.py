@@ -178,3 +178,46 @@ def test_write_refuses_folders_and_oversize(ws: Path, ctx: ToolContext) -> None:
     assert run_tool("write_file", {"path": ".", "content": "x"}, ctx).meta["error_kind"] == "is_directory"
     res = run_tool("write_file", {"path": "big.txt", "content": "x" * 100}, small(ws, max_file_bytes=10))
     assert not res.ok and res.meta["error_kind"] == "too_large" and not (ws / "big.txt").exists()
+
+
+def _apply(a: list[str], rows: list[str]) -> list[str]:
+    """Apply unified-diff rows (as produced by unified_rows) to lines `a`."""
+    out, i = [], 0
+    for r in rows[2:]:
+        if r.startswith("@@"):
+            start = int(r.split()[1][1:].split(",")[0])
+            length = r.split()[1].split(",")
+            first = start - 1 if (len(length) == 1 or int(length[1])) else start
+            out += a[i:first]
+            i = first
+        elif r.startswith(" ") or r.startswith("-"):
+            assert a[i] == r[1:], "context or removed line does not match"
+            i += 1
+            if r.startswith(" "):
+                out.append(r[1:])
+        else:
+            out.append(r[1:])
+    return out + a[i:]
+
+
+def test_fast_diff_applies_back_exactly() -> None:
+    """The prefix/suffix-trimmed diff must be a correct patch (alignment may differ from difflib's)."""
+    import random
+
+    from etude.tools.edit_file import unified_rows
+
+    rng = random.Random(0)
+    for _ in range(500):
+        a = [rng.choice("abcde") + "\n" for _ in range(rng.randint(0, 30))]
+        b = list(a)
+        for _ in range(rng.randint(1, 4)):
+            op = rng.random()
+            if op < 0.33 and b:
+                b.pop(rng.randrange(len(b)))
+            elif op < 0.66:
+                b.insert(rng.randint(0, len(b)), rng.choice("abcdefx") + "\n")
+            elif b:
+                b[rng.randrange(len(b))] = "z\n"
+        rows = unified_rows(a, b, "f")
+        assert (rows == []) == (a == b)
+        assert _apply(a, rows) == b

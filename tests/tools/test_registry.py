@@ -48,6 +48,9 @@ def test_unknown_tool_is_a_result_and_get_tool_raises() -> None:
         get_tool("rm_rf")
     with pytest.raises(UnknownTool):
         tool_schemas(["rm_rf"])
+    for odd in (None, ["read_file"], {"a": 1}):  # a model may emit anything as a name
+        res = run_tool(odd, {}, ToolContext(workspace=Path(".")))
+        assert not res.ok and res.meta["error_kind"] == "unknown_tool"
 
 
 @pytest.mark.parametrize(
@@ -59,6 +62,7 @@ def test_unknown_tool_is_a_result_and_get_tool_raises() -> None:
         ({"path": "a", "start_line": 0}, "argument 'start_line': 0 is less than the minimum of 1"),
         ({"path": 7}, "argument 'path' must be of type string, got 7"),
         ({"path": "a", "end_line": True}, "argument 'end_line' must be of type integer, got true"),
+        ({"path": "a", "end_line": [1] * 500}, "argument 'end_line' must be of type integer, got [1, 1"),
     ],
 )
 def test_invalid_arguments_are_explained(ctx: ToolContext, args: dict, expected: str) -> None:
