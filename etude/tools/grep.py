@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def _text(field: dict[str, Any]) -> str:
     return base64.b64decode(field.get("bytes", "")).decode("utf-8", errors="replace")
 
 
-def run_rg(argv: list[str], cwd: Path, timeout_s: float, on_line) -> tuple[int, str, bool]:
+def run_rg(argv: list[str], cwd: Path, timeout_s: float, on_line: Callable[[bytes], bool]) -> tuple[int, str, bool]:
     """Run ripgrep, feeding each stdout line to `on_line` until it returns False.
 
     Returns (exit code, stderr, stopped early). A watchdog kills it after `timeout_s`."""
@@ -105,29 +106,37 @@ class Grep(BaseTool):
             argv.append(f"--glob={args['glob']}")
         if args["ignore_case"]:
             argv.append("--ignore-case")
-        # I run from the root with a relative target so ripgrep prints workspace paths.
-        argv += ["--", shown(root, target)]
+        # ripgrep matches globs against paths relative to its cwd: I run it from the folder
+        # searched, as glob does, so `glob` means the same thing in both tools.
+        cwd = target if target.is_dir() else target.parent
+        argv += ["--", "." if target.is_dir() else target.name]
+        prefix = "" if cwd == root else shown(root, cwd) + "/"
         matches: list[dict[str, Any]] = []
-        limit = int(args["max_results"])
-
-        def take(raw: bytes) -> bool:
-            msg = json.loads(raw)
-            if msg.get("type") != "match":
-                return True
-            if len(matches) == limit:
-                return False
-            d = msg["data"]
-            text = _text(d["lines"]).rstrip("\r\n")
-            if len(text) > cfg.grep_max_line_chars:
-                text = text[: cfg.grep_max_line_chars] + " ... [line cut]"
-            path = _text(d["path"]).removeprefix("./")
-            matches.append({"path": path, "line": d.get("line_number"), "text": text})
-            return True
-
-        code, err, truncated = run_rg(argv, root, cfg.grep_timeout_s, take)
+        take = _collector(matches, int(args["max_results"]), prefix, cfg.grep_max_line_chars)
+        code, err, truncated = run_rg(argv, cwd, cfg.grep_timeout_s, take)
         if code not in (0, 1) and not truncated:
             raise ToolError(f"grep failed: {_first_lines(err) or f'ripgrep exit code {code}'}", kind="bad_pattern")
         return _result(matches, truncated, args, cfg.max_output_chars)
+
+
+def _collector(matches: list[dict[str, Any]], limit: int, prefix: str, max_chars: int) -> Callable[[bytes], bool]:
+    """A run_rg callback that appends matches (workspace paths) and asks to stop past `limit`."""
+
+    def take(raw: bytes) -> bool:
+        msg = json.loads(raw)
+        if msg.get("type") != "match":
+            return True
+        if len(matches) == limit:
+            return False
+        d = msg["data"]
+        text = _text(d["lines"]).rstrip("\r\n")
+        if len(text) > max_chars:
+            text = text[:max_chars] + " ... [line cut]"
+        path = prefix + _text(d["path"]).removeprefix("./")
+        matches.append({"path": path, "line": d.get("line_number"), "text": text})
+        return True
+
+    return take
 
 
 def _first_lines(text: str, n: int = 6) -> str:

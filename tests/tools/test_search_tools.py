@@ -33,6 +33,13 @@ def test_grep_path_glob_and_case(ctx: ToolContext) -> None:
     assert [m["line"] for m in res.meta["matches"]] == [2, 6]
 
 
+def test_grep_glob_is_relative_to_path_like_glob_tool(ctx: ToolContext) -> None:
+    res = run_tool("grep", {"pattern": "return", "path": "src", "glob": "pkg/*.py"}, ctx)
+    assert [(m["path"], m["line"]) for m in res.meta["matches"]] == [("src/pkg/core.py", 2), ("src/pkg/core.py", 6)]
+    res = run_tool("grep", {"pattern": "return", "path": "src/pkg"}, ctx)
+    assert {m["path"] for m in res.meta["matches"]} == {"src/pkg/core.py"}
+
+
 def test_grep_max_results_truncates(ctx: ToolContext) -> None:
     res = run_tool("grep", {"pattern": "a", "max_results": 2}, ctx)
     assert res.ok and res.meta["count"] == 2 and res.meta["truncated"]
