@@ -19,4 +19,13 @@ def builtin_suite(split: str = "train", max_tasks: int | None = None) -> list[Ta
     return _suite(split, max_tasks)
 
 
-__all__ = ["Task", "load_tasks", "load_tasks_report", "save_tasks", "task_from_dict", "prepare_repo", "task_env", "builtin_suite"]
+__all__ = [
+    "Task",
+    "load_tasks",
+    "load_tasks_report",
+    "save_tasks",
+    "task_from_dict",
+    "prepare_repo",
+    "task_env",
+    "builtin_suite",
+]

@@ -30,7 +30,9 @@ def changelog_entries(changelog: str, version: str) -> list[str]:
     """The bullet entries of `version`'s section ('' headings and prose are dropped)."""
     lines = changelog.splitlines()
     ver = re.escape(version)
-    start = next((i for i, ln in enumerate(lines) if re.search(rf"(^|[^\d.]){ver}([^\d]|$)", ln) and len(ln) < 80), None)
+    start = next(
+        (i for i, ln in enumerate(lines) if re.search(rf"(^|[^\d.]){ver}([^\d]|$)", ln) and len(ln) < 80), None
+    )
     if start is None:
         return []
     section = []
@@ -49,7 +51,9 @@ def changelog_entries(changelog: str, version: str) -> list[str]:
 
 def match_entry(entries: Sequence[str], test_ids: Sequence[str], patch: str) -> str | None:
     """The entry sharing most words with the failing tests' names and the changed code."""
-    changed = "\n".join(ln for ln in patch.splitlines() if ln.startswith(("+", "-", "@@")) and not ln.startswith(("+++", "---")))
+    changed = "\n".join(
+        ln for ln in patch.splitlines() if ln.startswith(("+", "-", "@@")) and not ln.startswith(("+++", "---"))
+    )
     keys = _tokens(" ".join(t.split("::", 1)[-1] for t in test_ids)) | _tokens(changed)
     best, best_score = None, 0
     for e in entries:
@@ -79,7 +83,9 @@ def from_tests(package: str, f2p: Sequence[str], messages: dict[str, str], limit
     return "\n".join(lines)
 
 
-def release_statement(package: str, version: str, entry: str | None, f2p: Sequence[str], messages: dict[str, str]) -> str:
+def release_statement(
+    package: str, version: str, entry: str | None, f2p: Sequence[str], messages: dict[str, str]
+) -> str:
     if entry:
         return (
             f"`{package}` needs the following change, released upstream in {version}:\n\n{entry}\n\n"

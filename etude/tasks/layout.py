@@ -110,8 +110,19 @@ def declared_requirements(root: Path) -> list[str]:
                 continue
             # A marker that holds only under a non-test extra was already filtered out above.
         req.marker = None
-        out.append(str(req))
+        if normalise_name(req.name) not in _TOOLING:
+            out.append(str(req))
     return sorted(set(out))
+
+
+# Test tooling we never install per task: pytest is pinned by the env, the rest is not needed to
+# run tests (coverage, linters, runners).
+_TOOLING = {"pytest", "pytest-cov", "coverage", "flake8", "mypy", "tox", "nox", "black", "ruff", "pre-commit", "pylint",
+            "isort", "sphinx", "twine", "build", "wheel", "setuptools", "pytest-runner", "codecov", "check-manifest"}  # fmt: skip
+
+
+def normalise_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def changelog_text(root: Path) -> str:

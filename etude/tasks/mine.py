@@ -71,7 +71,13 @@ def release_pair(package: str, v_from: str, v_to: str, extra_deps: Sequence[str]
         created_at=new.upload_time,
         version=v_from,
         environment_setup_commit=base_commit_id(package, v_from, old.sha256, ""),
-        source={"package": package, "version": v_from, "sha256": old.sha256, "to_version": v_to, "to_sha256": new.sha256},
+        source={
+            "package": package,
+            "version": v_from,
+            "sha256": old.sha256,
+            "to_version": v_to,
+            "to_sha256": new.sha256,
+        },
         strategy="release-diff",
         test_cmd="python -m pytest " + " ".join(setup["test_paths"]),
         timeout_s=300.0,
@@ -95,7 +101,9 @@ def _trial(proto: Task, patch: str) -> TestRun | None:
         return None  # this subset does not apply on its own
 
 
-def split_release(proto: Task, f2p: list[str], p2p: list[str], max_trials: int, progress: Progress) -> list[tuple[str, list[TestRun]]]:
+def split_release(
+    proto: Task, f2p: list[str], p2p: list[str], max_trials: int, progress: Progress
+) -> list[tuple[str, list[TestRun]]]:
     """(gold patch, its trial runs) per split; the last one is the remainder with the full diff."""
     files = diffs.split_files(proto.patch)
     claimed: set[str] = set()
@@ -158,5 +166,10 @@ def mine(package: str, v_from: str, v_to: str, *, split: bool = True, max_trials
 
 def _finish(pair: ReleasePair, task: Task, messages: dict[str, str], n_splits: int) -> Task:
     text, origin = _statement(pair, task.FAIL_TO_PASS, task.patch, messages)
-    meta = {**task.meta, "statement_from": origin, "splits": n_splits, "hunks": sum(len(f.hunks) for f in diffs.split_files(task.patch))}
+    meta = {
+        **task.meta,
+        "statement_from": origin,
+        "splits": n_splits,
+        "hunks": sum(len(f.hunks) for f in diffs.split_files(task.patch)),
+    }
     return dataclasses.replace(task, problem_statement=text, meta=meta)

@@ -7,8 +7,10 @@ How base is materialised (the contract for every sdist-derived task):
     `test_patch` brings the new release's tests at grading, `patch` is the release's source diff.
   * synthesised tasks: the release with the bug injected (base_patch = the mutation), original
     tests; `patch` is the reverse of the mutation; test_patch is empty.
-  * a task may instead name a local checkout in `setup["repo_dir"]` (SWE-bench rows a user has
-    checked out themselves); we use that directory as the template as it is.
+  * a task may instead name a local directory in `setup["repo_dir"]` (`etude tasks synth --repo`,
+    or SWE-bench rows a user has checked out at base): it is copied (without .git, venvs and
+    caches) and base_patch applied the same way. The cache key includes the tree's file sizes and
+    mtimes, so editing the directory makes a new template.
 `base_commit` is "sdist:NAME==VER+KEY" so it names exactly this state.
 
 The test environment: a venv per distinct requirement set (most pure-Python packages share one),
@@ -76,7 +78,7 @@ def _git(root: Path, *args: str) -> None:
 def _make_template(src: Path, dest: Path, base_patch: str) -> Path:
     tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, symlinks=False)
+    shutil.copytree(src, tmp, symlinks=False, ignore=_IGNORE)
     apply_patch(tmp, base_patch)
     # One commit, so a git-worktree workspace works and `git diff` inside shows only the agent's edits.
     (tmp / ".gitignore").exists() or (tmp / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
@@ -90,21 +92,40 @@ def _make_template(src: Path, dest: Path, base_patch: str) -> Path:
     return dest
 
 
+_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "venv", "node_modules", "__pycache__", ".pytest_cache", ".tox", ".mypy_cache"
+)
+
+
+def _tree_signature(root: Path) -> str:
+    """Cheap identity of a local tree's contents (paths, sizes, mtimes)."""
+    from etude.tasks.layout import iter_files
+
+    return _key([(rel, (root / rel).stat().st_size, (root / rel).stat().st_mtime_ns) for rel in iter_files(root)])
+
+
+def _template_source(task: Task) -> tuple[Path, str]:
+    """(tree to copy, cache directory name) for the task's base."""
+    base_patch = task.setup.get("base_patch", "")
+    if task.setup.get("repo_dir"):
+        src = Path(task.setup["repo_dir"])
+        if not src.is_dir():
+            raise EtudeError(f"task {task.instance_id}: setup.repo_dir {src} is not a directory")
+        return src, f"local-{src.name}-{_key(str(src.resolve()), _tree_signature(src), base_patch)}"
+    pkg, ver, sha = sdist_of(task)
+    return Path(), f"{normalise(pkg)}-{ver}-{base_key(pkg, ver, sha, base_patch)}"
+
+
 def prepare_repo(task: Task) -> Path:
     """The cached template directory of the task's repository at base (never modify it)."""
-    if task.setup.get("repo_dir"):
-        p = Path(task.setup["repo_dir"])
-        if not p.is_dir():
-            raise EtudeError(f"task {task.instance_id}: setup.repo_dir {p} is not a directory")
-        return p
-    pkg, ver, sha = sdist_of(task)
-    base_patch = task.setup.get("base_patch", "")
-    dest = cache() / "repos" / f"{normalise(pkg)}-{ver}-{base_key(pkg, ver, sha, base_patch)}"
+    src, name = _template_source(task)
+    dest = cache() / "repos" / name
     if (dest / ".git").is_dir():
         return dest
-    sd = fetch_sdist(pkg, ver, sha)
+    if not task.setup.get("repo_dir"):
+        src = fetch_sdist(*sdist_of(task)).root
     dest.parent.mkdir(parents=True, exist_ok=True)
-    return _make_template(sd.root, dest, base_patch)
+    return _make_template(src, dest, task.setup.get("base_patch", ""))
 
 
 def test_requirements(task: Task) -> list[str]:

@@ -1,7 +1,8 @@
 """Running a task's tests with pytest inside the sandbox and reading per-test results.
 
-We run `python -m pytest -v -rfE` with no plugins of ours (pytest's cache disabled, so the
-workspace stays clean) and read the verbose progress lines ("NODEID STATUS [ NN%]"), which name
+We run `python -m pytest -v -rfE --continue-on-collection-errors -o addopts=` with no plugins of
+ours (pytest's cache disabled and no bytecode written, so the workspace stays clean; the package's
+own addopts are dropped because they often name plugins we do not install, such as pytest-cov) and read the verbose progress lines ("NODEID STATUS [ NN%]"), which name
 every test, skipped ones included; the short summary adds each failure's message. When a test
 reports twice (passed, then an error at teardown) the worse status wins. A test we asked for that
 never reports (collection error, crash) is "missing". What this does not guarantee: exact ids for
@@ -21,8 +22,26 @@ from etude.types import Task
 _RANK = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 2, "failed": 3, "error": 4}
 _VERBOSE = re.compile(r"^(?P<id>\S.*?) (?P<st>PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)(?: \(.*?\))?\s+\[\s*\d+%\]\s*$")
 _SUMMARY = re.compile(r"^(?P<st>FAILED|ERROR) (?P<id>\S+?(?:\[.*?\])?)(?: - (?P<msg>.*))?$")
-_STATUS = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped", "XFAIL": "xfailed", "XPASS": "xpassed"}
-PYTEST_ARGS = ("-v", "-rfE", "-p", "no:cacheprovider", "--tb=short", "--color=no", "-o", "addopts=", "--rootdir=/workspace")
+_STATUS = {
+    "PASSED": "passed",
+    "FAILED": "failed",
+    "ERROR": "error",
+    "SKIPPED": "skipped",
+    "XFAIL": "xfailed",
+    "XPASS": "xpassed",
+}
+PYTEST_ARGS = (
+    "-v",
+    "-rfE",
+    "-p",
+    "no:cacheprovider",
+    "--continue-on-collection-errors",
+    "--tb=short",
+    "--color=no",
+    "-o",
+    "addopts=",
+    "--rootdir=/workspace",
+)
 
 
 @dataclass(frozen=True)
@@ -89,7 +108,9 @@ def files_of(test_ids: Sequence[str]) -> list[str]:
     return sorted({t.split("::", 1)[0] for t in test_ids})
 
 
-def run_tests(workspace: Path, task: Task, venv: Path, targets: Sequence[str] | None = None, timeout_s: float | None = None) -> TestRun:
+def run_tests(
+    workspace: Path, task: Task, venv: Path, targets: Sequence[str] | None = None, timeout_s: float | None = None
+) -> TestRun:
     """Run pytest on `targets` (files or dirs; default the task's test paths) in the sandbox."""
     from etude.sandbox import run
 

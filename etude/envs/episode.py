@@ -1,0 +1,53 @@
+"""One episode: a task, a fresh workspace at base, the harness running the policy, and grading
+of the agent's diff in a second clean workspace.
+
+The agent sees the task's problem statement and the repository at base (old tests; the task's
+hidden `test_patch` is not there). Its commands run in the sandbox with the task's test venv, so
+`python -m pytest` works for it as it does at grading. Its workspace is deleted after the diff is
+taken; grading never reads it. What this does not do: score the episode (etude.rewards does that
+from the returned trajectory and outcome).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from etude.envs.grade import grade
+from etude.protocols import Policy, ToolContext
+from etude.tasks.repo import prepare_repo, task_env
+from etude.tasks.runner import sandbox_config
+from etude.types import Outcome, Task, Trajectory
+
+
+def _request(task: Task) -> str:
+    return (
+        f"{task.problem_statement.strip()}\n\n"
+        "The repository is checked out at /workspace (your tools' paths are relative to it). "
+        "Run its tests with `python -m pytest`. Change the library code, not the tests, then submit."
+    )
+
+
+def run_episode(
+    task: Task,
+    policy: Policy,
+    harness_config: Any = None,
+    *,
+    trajectory_path: str | Path | None = None,
+) -> tuple[Trajectory, Outcome]:
+    """Run `policy` on `task` and grade the result. `harness_config` is a harness.HarnessConfig."""
+    from etude.harness import HarnessConfig, run_agent
+    from etude.sandbox import Workspace, make_sandbox
+
+    cfg = harness_config or HarnessConfig()
+    template, venv = prepare_repo(task), task_env(task)
+    with Workspace.create(template) as ws:
+        sandbox = make_sandbox(ws.path, sandbox_config(task, venv, timeout_s=min(task.timeout_s, 120.0)))
+        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"task_id": task.instance_id})
+        traj = run_agent(policy, _request(task), ctx, cfg, task_id=task.instance_id,
+                         trajectory_path=trajectory_path, diff_fn=ws.diff)  # fmt: skip
+        diff = traj.diff or ws.diff()
+    graded = grade(task, diff)
+    meta = {**traj.meta, "outcome": graded.outcome.to_dict(), "ignored_paths": list(graded.ignored_paths)}
+    return dataclasses.replace(traj, diff=diff, meta=meta), graded.outcome

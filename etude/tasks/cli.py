@@ -1,0 +1,139 @@
+"""`etude tasks mine | synth | validate | build-suite` (typer/rich/stdlib at top level only).
+
+Results go to the --out file; progress goes to stderr, and each command prints one JSON summary
+on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+tasks_app = typer.Typer(help="Tasks from real packages: mine release diffs, synthesise bugs, validate, build the suite.",
+                        no_args_is_help=True)  # fmt: skip
+
+
+@contextmanager
+def _status(title: str) -> Iterator[Callable[[str], None]]:
+    """A rich spinner on stderr whose text follows the work's progress messages."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(title) as st:
+        yield lambda msg: st.update(f"{title}: {msg}")
+
+
+def _emit(obj: object) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+@tasks_app.command("mine", no_args_is_help=True)
+def mine_cmd(
+    package: Annotated[str, typer.Option("--package", help="PyPI package name.")],
+    v_from: Annotated[str, typer.Option("--from", help="The older release (its source is the task's base).")],
+    v_to: Annotated[str, typer.Option("--to", help="The newer release (its tests and source diff).")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write the tasks to.")],
+    split: Annotated[bool, typer.Option(help="Split the release into one task per fixing hunk/file.")] = True,
+    max_trials: Annotated[int, typer.Option(help="Most single-hunk trials when splitting.")] = 60,
+    extra_dep: Annotated[list[str] | None, typer.Option(help="Extra test requirement (repeatable).")] = None,
+) -> None:
+    """Tasks from a release pair: old source against new tests (FAIL_TO_PASS / PASS_TO_PASS)."""
+    from etude.tasks.mine import mine
+    from etude.tasks.schema import save_tasks
+
+    with _status(f"mining {package} {v_from} -> {v_to}") as say:
+        tasks = mine(
+            package, v_from, v_to, split=split, max_trials=max_trials, extra_deps=extra_dep or (), progress=say
+        )
+    save_tasks(tasks, out)
+    _emit({"out": str(out), "tasks": len(tasks), "instances": {t.instance_id: len(t.FAIL_TO_PASS) for t in tasks}})
+
+
+@tasks_app.command("synth", no_args_is_help=True)
+def synth_cmd(
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write the tasks to.")],
+    package: Annotated[str | None, typer.Option("--package", help="NAME==VERSION of a PyPI package.")] = None,
+    repo: Annotated[Path | None, typer.Option("--repo", help="A local repository directory instead.")] = None,
+    max_tasks: Annotated[int, typer.Option("--max", help="Most tasks to produce.")] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the order of mutation sites.")] = 0,
+    extra_dep: Annotated[list[str] | None, typer.Option(help="Extra test requirement (repeatable).")] = None,
+) -> None:
+    """Synthesise bugs (libcst mutations, and 2-3 combined) that the package's tests catch."""
+    from etude.errors import EtudeError
+    from etude.tasks.schema import save_tasks
+    from etude.tasks.synth import SynthConfig, synthesise
+
+    if (package is None) == (repo is None):
+        raise EtudeError("give exactly one of --package NAME==VERSION or --repo DIR")
+    if max_tasks < 1:
+        raise EtudeError(f"--max must be at least 1, got {max_tasks}")
+    cfg = SynthConfig(max_tasks=max_tasks, seed=seed, extra_deps=tuple(extra_dep or ()))
+    with _status(f"synthesising bugs in {package or repo}") as say:
+        tasks = synthesise(package, repo, cfg, progress=say)
+    save_tasks(tasks, out)
+    by: dict[str, int] = {}
+    for t in tasks:
+        by[t.strategy] = by.get(t.strategy, 0) + 1
+    _emit({"out": str(out), "tasks": len(tasks), "by_strategy": by})
+
+
+@tasks_app.command("validate", no_args_is_help=True)
+def validate_cmd(
+    file: Annotated[Path, typer.Argument(help="JSONL (etude or SWE-bench) or parquet task file.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write the kept tasks (F2P/P2P as measured) here.")] = None,
+    runs: Annotated[int, typer.Option(help="Runs of each state (at least 2).")] = 2,
+) -> None:
+    """Re-run every task at base and with its gold patch in the sandbox; keep the valid ones."""
+    from rich.progress import Progress
+
+    from etude.tasks.schema import load_tasks_report, save_tasks
+    from etude.tasks.validate import validate_task
+
+    tasks, errors = load_tasks_report(file)
+    verdicts = []
+    with Progress(transient=True, console=_stderr_console()) as bar:
+        job = bar.add_task("validating", total=len(tasks))
+        for t in tasks:
+            verdicts.append(validate_task(t, runs=runs))
+            bar.advance(job)
+    kept = [v.task for v in verdicts if v.kept and v.task is not None]
+    if out is not None:
+        save_tasks(kept, out)
+    _emit({"file": str(file), "tasks": len(tasks), "kept": len(kept), "dropped": len(tasks) - len(kept),
+           "bad_lines": errors, "verdicts": [v.summary() for v in verdicts]})  # fmt: skip
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+@tasks_app.command("build-suite")
+def build_suite_cmd(
+    out: Annotated[Path, typer.Option("--out", help="Directory for train.jsonl, eval.jsonl, summary.json.")],
+    package: Annotated[list[str] | None, typer.Option(help="Only these built-in packages (repeatable).")] = None,
+) -> None:
+    """Build the built-in suite (cached per package; resumes) and write its train / eval splits."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from etude.tasks.suite import build_suite, package_tasks, select_packages
+
+    chosen = select_packages(package)
+    cols = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*cols, console=_stderr_console()) as bar:
+        job = bar.add_task("suite", total=len(chosen))
+        for p in chosen:
+            bar.update(job, description=f"{p.name}=={p.version}")
+            package_tasks(p, lambda m, job=job: bar.update(job, description=m))
+            bar.advance(job)
+    _emit(build_suite(out, package or None))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tasks_app, name="tasks")
