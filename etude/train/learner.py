@@ -61,26 +61,26 @@ def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
 def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -> list[torch.Tensor]:
     """Log-probs of each sample's completion tokens at `temperature`, from one packed forward."""
     dev = next(model.parameters()).device
-    ids, pos, seg, targets = [], [], [], []
+    ids, pos, seg, keep, targets = [], [], [], [], []
     for s_i, s in enumerate(samples):
+        start, p = len(ids), len(s.prompt_ids)
         seq = s.prompt_ids + s.completion_ids
         ids += seq
         pos += list(range(len(seq)))
         seg += [s_i] * len(seq)
+        keep += range(start + p - 1, start + len(seq) - 1)  # positions that predict completion tokens
+        targets += s.completion_ids
     L = len(ids)
     seg_t = torch.tensor(seg, device=dev)
     mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (seg_t[:, None] == seg_t[None, :])
+    # NOTE: logits_to_keep with index tensor: the vocabulary projection (most of a small model's
+    # cost) runs only on the positions whose next token is a completion token.
     logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
-                   attention_mask=mask[None, None]).logits[0]
-    out, start = [], 0
-    for s in samples:
-        p, t = len(s.prompt_ids), len(s.completion_ids)
-        rows = logits[start + p - 1 : start + p + t - 1].float() / max(temperature, 1e-6)
-        tgt = torch.tensor(s.completion_ids, device=dev)
-        out.append(torch.log_softmax(rows, -1).gather(-1, tgt[:, None]).squeeze(-1))
-        start += p + t
-        targets.append(tgt)
-    return out
+                   attention_mask=mask[None, None], logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
+    logits = logits.float() if temperature == 1.0 else logits.float() / max(temperature, 1e-6)
+    logp = torch.log_softmax(logits, -1)
+    chosen = logp.gather(-1, torch.tensor(targets, device=dev)[:, None]).squeeze(-1)
+    return list(torch.split(chosen, [len(s.completion_ids) for s in samples]))
 
 
 def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
