@@ -14,13 +14,15 @@ package is cheap. `semantic_search` is another engineer's module: it is offered 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
+from functools import lru_cache
 from typing import Any
 
 from etude.protocols import Tool, ToolContext
-from etude.tools.base import ToolError
+from etude.tools.base import ToolError, config_of, truncate_middle
 from etude.types import ToolResult
 
 TOOL_NAMES: tuple[str, ...] = (
@@ -81,11 +83,20 @@ def run_tool(name: str, args: Any, ctx: ToolContext) -> ToolResult:
         result = tool.run(args, ctx)
         if not isinstance(result, ToolResult):
             return ToolResult.fail(f"{name} returned {type(result).__name__}, not a ToolResult", error_kind="exception")
-        return result
+        return _bounded(result, config_of(ctx).max_output_chars)
     except ToolError as e:
         return ToolResult.fail(e.message, error_kind=e.kind, **e.meta)
     except Exception as e:  # noqa: BLE001 - the point of run_tool: the agent loop never sees an exception
         return ToolResult.fail(f"{name} failed: {type(e).__name__}: {e}", error_kind="exception")
+
+
+def _bounded(result: ToolResult, max_chars: int) -> ToolResult:
+    """A safety net for tools that do not bound their own output (ours do, within a marker's
+    length): the middle of anything longer than `max_chars` + 2,000 is cut."""
+    if len(result.output) <= max_chars + 2000:
+        return result
+    text, _ = truncate_middle(result.output, max_chars)
+    return dataclasses.replace(result, output=text, meta={**result.meta, "truncated": True})
 
 
 def run_call(call: Any, ctx: ToolContext) -> ToolResult:
@@ -116,10 +127,17 @@ def _decode_args(args: Any) -> dict[str, Any]:
 
 def validate(args: dict[str, Any], parameters: dict[str, Any]) -> list[str]:
     """Problems with `args` against a JSON schema, one short sentence each (empty: valid)."""
+    errors = sorted(
+        _validator(json.dumps(parameters, sort_keys=True)).iter_errors(args), key=lambda e: list(e.absolute_path)
+    )
+    return [_describe(e, parameters) for e in errors]
+
+
+@lru_cache(maxsize=64)
+def _validator(parameters_json: str) -> Any:
     from jsonschema import Draft202012Validator  # lazily: keeps `import etude.tools` cheap
 
-    errors = sorted(Draft202012Validator(parameters).iter_errors(args), key=lambda e: list(e.absolute_path))
-    return [_describe(e, parameters) for e in errors]
+    return Draft202012Validator(json.loads(parameters_json))
 
 
 def _describe(err: Any, parameters: dict[str, Any]) -> str:

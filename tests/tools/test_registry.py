@@ -106,3 +106,19 @@ def test_run_call_takes_toolcall_or_dict(ctx: ToolContext) -> None:
     for bad in ({"arguments": {}}, "read_file", None):
         res = run_call(bad, ctx)
         assert not res.ok and res.meta["error_kind"] == "invalid_call"
+
+
+def test_foreign_tool_output_is_bounded(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(READ, "_run", lambda args, ctx: ToolResult(ok=True, output="x\n" * 100_000))
+    res = run_tool("read_file", {"path": "README.md"}, ctx)
+    assert res.ok and res.meta["truncated"] and len(res.output) < 31_000
+    assert "characters truncated from the middle" in res.output
+
+
+def test_importing_the_registry_is_light() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, etude.tools; print(sorted(m for m in ('jsonschema', 'etude.sandbox', 'etude.search') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
