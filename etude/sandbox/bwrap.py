@@ -10,6 +10,7 @@ bwrap dies with its parent. Nothing of the host outside these binds is visible.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -40,6 +41,7 @@ def bwrap_exe() -> str:
 def _synthetic_etc(uid: int, gid: int) -> Path:
     """A private directory with passwd/group/hosts naming only the sandbox user."""
     d = Path(tempfile.mkdtemp(prefix=f"etude-etc-{os.getpid()}-"))
+    atexit.register(shutil.rmtree, d, True)
     (d / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{uid}:{gid}:agent:/tmp:/bin/sh\n")
     (d / "group").write_text(f"root:x:0:\nagent:x:{gid}:\n")
     (d / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
@@ -76,7 +78,10 @@ def _fs_args(cfg: SandboxConfig) -> list[str]:
     for name in ("lib", "lib64", "lib32", "libx32", "bin", "sbin"):
         if os.path.exists(f"/usr/{name}"):
             a += ["--symlink", f"usr/{name}", f"/{name}"]
-    a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    a += ["--proc", "/proc", "--dev", "/dev"]
+    if cfg.tmp_mb:
+        a += ["--size", str(cfg.tmp_mb * 1024 * 1024)]
+    a += ["--tmpfs", "/tmp"]
     etc = _synthetic_etc(cfg.uid, cfg.gid)
     for f in sorted(etc.iterdir()):
         a += ["--ro-bind", str(f), f"/etc/{f.name}"]

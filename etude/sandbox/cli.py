@@ -22,13 +22,21 @@ def _group() -> None:
 def exec_cmd(
     cmd: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
     workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory mounted read-write at /workspace.")],
-    timeout: Annotated[float, typer.Option(help="Wall-clock seconds; on expiry every process is killed, exit 124.")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(help="Wall-clock seconds; on expiry every process is killed, exit 124.")
+    ] = 60.0,
     memory_mb: Annotated[int, typer.Option(help="Memory cap in MiB (0: none).")] = 2048,
     max_procs: Annotated[int, typer.Option(help="Cap on live processes/threads (0: none).")] = 256,
-    ro_bind: Annotated[list[str] | None, typer.Option(help="Host path bound read-only at the same path (repeatable).")] = None,
-    path_prepend: Annotated[list[str] | None, typer.Option(help="Directory put first on PATH inside (repeatable).")] = None,
+    ro_bind: Annotated[
+        list[str] | None, typer.Option(help="Host path bound read-only at the same path (repeatable).")
+    ] = None,
+    path_prepend: Annotated[
+        list[str] | None, typer.Option(help="Directory put first on PATH inside (repeatable).")
+    ] = None,
     venv: Annotated[Path | None, typer.Option(help="A virtual environment to bind read-only and put on PATH.")] = None,
-    unsandboxed: Annotated[bool, typer.Option(help="Run on the host WITHOUT any isolation (machines without bwrap).")] = False,
+    unsandboxed: Annotated[
+        bool, typer.Option(help="Run on the host WITHOUT any isolation (machines without bwrap).")
+    ] = False,
 ) -> None:
     """Run CMD isolated with the workspace at /workspace; exit with CMD's status (124 on timeout)."""
     from etude.sandbox import SandboxConfig, run_passthrough

@@ -28,6 +28,8 @@ class SandboxConfig:
     """RLIMIT_NOFILE per process."""
     max_procs: int | None = 256
     """Processes/threads alive at once: pids cgroup when writable, else RLIMIT_NPROC (non-root launcher)."""
+    tmp_mb: int | None = 512
+    """Size of the private tmpfs at /tmp (HOME); its pages also count against the memory cgroup."""
     max_output_bytes: int = 1_000_000
     """Per stream (stdout, stderr): capture keeps the head and the tail, drops the middle."""
     ro_binds: tuple[str, ...] = ()

@@ -155,7 +155,9 @@ def file_patch(rel: str, old: tuple[str, bytes] | None, new: tuple[str, bytes] |
     return "".join(head) + _text_hunks(ob, nb)
 
 
-def tree_diff(template: Path, work: Path, candidates: Iterable[str] | None = None, max_file_bytes: int = 16 << 20) -> str:
+def tree_diff(
+    template: Path, work: Path, candidates: Iterable[str] | None = None, max_file_bytes: int = 16 << 20
+) -> str:
     """Patch turning `template` into `work`. `candidates` limits the paths compared (overlay).
 
     Files over `max_file_bytes` are left out and named in `# etude: skipped` lines at the top

@@ -1,7 +1,13 @@
 """Start one command, feed stdin, capture bounded output, enforce the wall clock, kill the tree.
 
-Safe to call from many threads at once: every call has its own pipes, selector and cgroup, and
-`subprocess.Popen` forks in C with `close_fds=True` (no preexec_fn, which is unsafe with threads).
+The command is over when its launcher exits (under bwrap that is after the PID namespace, and so
+every process in it, is gone). Whatever is still alive then (possible only for the unsandboxed
+backend) is killed: nothing a command starts outlives it. On timeout the whole tree is killed and
+the status is 124.
+
+Safe to call from many threads at once: every call has its own pipes, selector, pidfd and
+cgroup, and `subprocess.Popen` forks in C with `close_fds=True` (no preexec_fn, which is unsafe
+with threads).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from etude.protocols import ExecResult
@@ -19,8 +26,18 @@ from etude.sandbox.capture import BoundedBuffer
 from etude.sandbox.limits import Cgroup
 
 TIMEOUT_STATUS = 124
-_DRAIN_AFTER_KILL_S = 2.0
+_DRAIN_S = 2.0  # how long to collect output still in the pipes once the command is over
 _CHUNK = 65536
+_EXIT = object()  # selector tag of the pidfd
+_STDIN = object()
+
+
+@dataclass
+class _Io:
+    proc: subprocess.Popen
+    out: BoundedBuffer
+    err: BoundedBuffer
+    pending: memoryview | None  # stdin bytes not yet written
 
 
 def spawn_and_wait(
@@ -45,81 +62,113 @@ def spawn_and_wait(
         close_fds=True,
         start_new_session=True,
     )
-    out, err = BoundedBuffer(max_output_bytes), BoundedBuffer(max_output_bytes)
+    io = _Io(proc, BoundedBuffer(max_output_bytes), BoundedBuffer(max_output_bytes), None)
+    if stdin is not None:
+        io.pending = memoryview(stdin.encode())
     try:
-        timed_out = _pump(proc, stdin, out, err, start + timeout_s)
-        if timed_out:
-            kill_tree(proc, cgroup)
-            _pump(proc, None, out, err, time.monotonic() + _DRAIN_AFTER_KILL_S)
-        code = _reap(proc, cgroup)
+        timed_out = _pump(io, start + timeout_s, watch_exit=True) == "deadline"
+        kill_tree(proc, cgroup)  # a timeout, or leftovers of an unsandboxed command
+        _pump(io, time.monotonic() + _DRAIN_S, watch_exit=False)
+        code = _status(proc.wait())
     finally:
         _close(proc)
         if proc.poll() is None:
             kill_tree(proc, cgroup)
             proc.wait()
+    return _result(io, code, timed_out, timeout_s, cgroup, time.monotonic() - start)
+
+
+def _result(io: _Io, code: int, timed_out: bool, timeout_s: float, cg: Cgroup, wall: float) -> ExecResult:
+    stderr = io.err.text()
+    # The model must learn why its command died: say it in the output it sees.
+    if timed_out:
+        stderr += f"\n[sandbox: timed out after {timeout_s:g} s; every process was killed]\n"
+    elif cg.memory_oom_killed():
+        stderr += "\n[sandbox: memory limit exceeded; a process was killed]\n"
     return ExecResult(
         returncode=TIMEOUT_STATUS if timed_out else code,
-        stdout=out.text(),
-        stderr=err.text(),
+        stdout=io.out.text(),
+        stderr=stderr,
         timed_out=timed_out,
-        wall_s=time.monotonic() - start,
-        truncated=out.truncated or err.truncated,
+        wall_s=wall,
+        truncated=io.out.truncated or io.err.truncated,
     )
 
 
-def _pump(proc: subprocess.Popen, stdin: str | None, out: BoundedBuffer, err: BoundedBuffer, deadline: float) -> bool:
-    """Move bytes until both output pipes close. True when the deadline passed first."""
+def _pump(io: _Io, deadline: float, *, watch_exit: bool) -> str:
+    """Move bytes until both pipes close ("eof"), the launcher exits ("exit") or the deadline."""
     sel = selectors.DefaultSelector()
+    pidfd = _pidfd(io.proc.pid) if watch_exit else None
     try:
-        for f, buf in ((proc.stdout, out), (proc.stderr, err)):
-            if f is not None and not f.closed:
-                sel.register(f, selectors.EVENT_READ, buf)
-        pending = memoryview(stdin.encode()) if stdin is not None and proc.stdin else None
-        if proc.stdin is not None and not proc.stdin.closed:
-            if pending:
-                os.set_blocking(proc.stdin.fileno(), False)
-                sel.register(proc.stdin, selectors.EVENT_WRITE, None)
-            else:
-                _safe_close(proc.stdin)
+        _register(sel, io, pidfd)
+        # NOTE: with a pidfd we wait for the exit even after EOF: a command may close its
+        # stdout/stderr and keep running, and must not be killed for that.
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                return True
+                return "deadline"
             for key, _ in sel.select(timeout=left):
-                if key.data is None:
-                    pending = _write_some(proc, sel, pending)
-                    continue
-                chunk = os.read(key.fd, _CHUNK)
-                if chunk:
+                if key.data is _EXIT:
+                    return "exit"
+                if key.data is _STDIN:
+                    _write_some(io, sel)
+                elif chunk := os.read(key.fd, _CHUNK):
                     key.data.feed(chunk)
                 else:
                     sel.unregister(key.fileobj)
-        return False
+        if watch_exit:  # no pidfd (not Linux): wait for the launcher itself
+            try:
+                io.proc.wait(timeout=max(deadline - time.monotonic(), 0.001))
+            except subprocess.TimeoutExpired:
+                return "deadline"
+        return "eof"
     finally:
         sel.close()
+        if pidfd is not None:
+            os.close(pidfd)
 
 
-def _write_some(proc: subprocess.Popen, sel: selectors.BaseSelector, pending: memoryview | None) -> memoryview | None:
-    assert proc.stdin is not None
+def _register(sel: selectors.BaseSelector, io: _Io, pidfd: int | None) -> None:
+    p = io.proc
+    for f, buf in ((p.stdout, io.out), (p.stderr, io.err)):
+        if f is not None and not f.closed:
+            sel.register(f, selectors.EVENT_READ, buf)
+    if p.stdin is not None and not p.stdin.closed:
+        if io.pending:
+            os.set_blocking(p.stdin.fileno(), False)
+            sel.register(p.stdin, selectors.EVENT_WRITE, _STDIN)
+        else:
+            _safe_close(p.stdin)
+    if pidfd is not None:
+        sel.register(pidfd, selectors.EVENT_READ, _EXIT)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux >= 5.3); None elsewhere."""
     try:
-        n = os.write(proc.stdin.fileno(), pending[:_CHUNK]) if pending else 0
-        pending = pending[n:] if pending else None
-    except (BrokenPipeError, BlockingIOError) as e:
-        if isinstance(e, BlockingIOError):
-            return pending
-        pending = None
-    if not pending:
-        sel.unregister(proc.stdin)
-        _safe_close(proc.stdin)
-    return pending
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
-def _reap(proc: subprocess.Popen, cgroup: Cgroup) -> int:
-    """Wait for the launcher; sweep the cgroup so nothing outlives the command."""
-    code = proc.wait()
-    cgroup.kill_all()
-    # A command killed by a signal reads like a shell would report it (bwrap already does this
-    # for the sandboxed command; this covers the launcher itself being killed).
+def _write_some(io: _Io, sel: selectors.BaseSelector) -> None:
+    stdin = io.proc.stdin
+    assert stdin is not None and io.pending is not None
+    try:
+        n = os.write(stdin.fileno(), io.pending[:_CHUNK])
+        io.pending = io.pending[n:]
+    except BlockingIOError:
+        return
+    except OSError:  # the command closed its stdin (EPIPE): the rest is dropped
+        io.pending = None
+    if not io.pending:
+        sel.unregister(stdin)
+        _safe_close(stdin)
+
+
+def _status(code: int) -> int:
+    # A launcher killed by a signal reads like a shell would report it (bwrap already does this
+    # for the sandboxed command itself).
     return 128 - code if code < 0 else code
 
 

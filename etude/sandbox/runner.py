@@ -41,7 +41,9 @@ def _warn_unsandboxed() -> None:
         )
 
 
-def _command(argv: Sequence[str], ws: Path, cfg: SandboxConfig, cg: Cgroup) -> tuple[list[str], dict[str, str], Path | None]:
+def _command(
+    argv: Sequence[str], ws: Path, cfg: SandboxConfig, cg: Cgroup
+) -> tuple[list[str], dict[str, str], Path | None]:
     """The launcher argv (sh -> prlimit -> bwrap -> CMD), its environment and cwd."""
     lim = prlimit_argv(cfg, cgroup_has_pids="pids" in cg.controllers)
     if cfg.backend == "bwrap":

@@ -112,8 +112,11 @@ class Workspace:
             return
         self._closed = True
         if self.kind == "worktree":
-            subprocess.run(["git", "-C", str(self.template), "worktree", "remove", "--force", str(self.path)],
-                           capture_output=True, check=False)
+            subprocess.run(
+                ["git", "-C", str(self.template), "worktree", "remove", "--force", str(self.path)],
+                capture_output=True,
+                check=False,
+            )
         _remove(self.base)
 
     def __enter__(self) -> Workspace:
@@ -160,12 +163,15 @@ def _make_overlay(tpl: Path, base: Path) -> Path:
 def _make_worktree(tpl: Path, base: Path) -> Path:
     if not (tpl / ".git").exists() or shutil.which("git") is None:
         raise _Unsuitable("template is not a git checkout")
-    status = subprocess.run(["git", "-C", str(tpl), "status", "--porcelain"], capture_output=True, text=True, check=True)
+    status = subprocess.run(
+        ["git", "-C", str(tpl), "status", "--porcelain"], capture_output=True, text=True, check=True
+    )
     if status.stdout.strip():
         raise _Unsuitable("template has uncommitted changes")
     tree = base / "tree"
-    subprocess.run(["git", "-C", str(tpl), "worktree", "add", "--detach", str(tree), "HEAD"],
-                   capture_output=True, check=True)
+    subprocess.run(
+        ["git", "-C", str(tpl), "worktree", "add", "--detach", str(tree), "HEAD"], capture_output=True, check=True
+    )
     return tree
 
 

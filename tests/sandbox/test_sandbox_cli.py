@@ -25,7 +25,9 @@ def etude(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_full_etude_cli_exec(ws: Path) -> None:
     full = [sys.executable, "-m", "etude.cli", "sandbox", "exec", "--workspace"]
-    p = subprocess.run([*full, str(ws), "--", "sh", "-c", "echo hi; exit 5"], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        [*full, str(ws), "--", "sh", "-c", "echo hi; exit 5"], capture_output=True, text=True, check=False
+    )
     assert (p.returncode, p.stdout) == (5, "hi\n"), p.stderr
     p = subprocess.run([*full, "/no/such/dir", "--", "true"], capture_output=True, text=True, check=False)
     assert p.returncode == 2 and p.stderr.startswith("etude: error: ") and "Traceback" not in p.stderr
@@ -38,14 +40,36 @@ def test_exec_passes_status_output_and_writes(ws: Path) -> None:
 
 
 def test_exec_timeout_is_124(ws: Path) -> None:
-    p = etude("sandbox", "exec", "--workspace", str(ws), "--timeout", "1", "--", "sh", "-c", "setsid sleep 271.828 & sleep 271.828")
+    p = etude(
+        "sandbox",
+        "exec",
+        "--workspace",
+        str(ws),
+        "--timeout",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 271.828 & sleep 271.828",
+    )
     assert p.returncode == 124
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "271.828" not in ps
 
 
 def test_exec_with_venv_runs_python(ws: Path) -> None:
-    p = etude("sandbox", "exec", "--workspace", str(ws), "--venv", sys.prefix, "--", "python", "-c", "import typer, sys; print(sys.prefix)")
+    p = etude(
+        "sandbox",
+        "exec",
+        "--workspace",
+        str(ws),
+        "--venv",
+        sys.prefix,
+        "--",
+        "python",
+        "-c",
+        "import typer, sys; print(sys.prefix)",
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == sys.prefix
 

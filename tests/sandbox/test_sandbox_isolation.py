@@ -166,7 +166,7 @@ def test_memory_bomb_is_stopped_by_rlimit_as(ws: Path, cfg: SandboxConfig) -> No
 def test_memory_cgroup_caps_many_processes_together(ws: Path, cfg: SandboxConfig) -> None:
     """Four processes of 100 MB each, under RLIMIT_AS each, exceed a 256 MB cgroup together."""
     one = "import time; x = b'x' * 100_000_000; time.sleep(1); print('survived')"
-    script = f"for i in 1 2 3 4; do python -c \"{one}\" & done; wait"
+    script = f'for i in 1 2 3 4; do python -c "{one}" & done; wait'
     small = SandboxConfig(memory_mb=256, address_space_mb=1024, ro_binds=cfg.ro_binds, path_prepend=cfg.path_prepend)
     r = run(["sh", "-c", script], workspace=ws, config=small)
     assert r.stdout.count("survived") < 4
@@ -195,7 +195,9 @@ def test_open_files_limit(ws: Path, cfg: SandboxConfig) -> None:
 
 def test_output_capture_is_bounded(ws: Path) -> None:
     cfg = SandboxConfig(max_output_bytes=10_000)
-    r = run(["sh", "-c", "echo START; head -c 50000000 /dev/zero | tr '\\000' a; echo; echo END"], workspace=ws, config=cfg)
+    r = run(
+        ["sh", "-c", "echo START; head -c 50000000 /dev/zero | tr '\\000' a; echo; echo END"], workspace=ws, config=cfg
+    )
     assert r.returncode == 0 and r.truncated
     assert len(r.stdout) < 11_000
     assert r.stdout.startswith("START") and r.stdout.rstrip().endswith("END")
@@ -215,3 +217,24 @@ def test_run_is_thread_safe(ws: Path) -> None:
     for t in threads:
         t.join()
     assert results == {i: f"{i}\n" for i in range(8)}
+
+
+def test_command_that_closes_its_output_is_not_cut_short(ws: Path) -> None:
+    """Regression: EOF on stdout/stderr was taken as the end of the command."""
+    r = run(["sh", "-c", "echo early; exec >&- 2>&-; sleep 0.5; echo done > f"], workspace=ws)
+    assert (r.returncode, r.stdout) == (0, "early\n")
+    assert (ws / "f").read_text() == "done\n"
+
+
+def test_timeout_note_and_memory_note_reach_the_model(ws: Path, cfg: SandboxConfig) -> None:
+    r = run(["sleep", "30"], workspace=ws, timeout_s=0.5)
+    assert "timed out after 0.5 s" in r.stderr
+    if controller_base("memory") is not None:
+        small = SandboxConfig(memory_mb=128, address_space_mb=0, ro_binds=cfg.ro_binds, path_prepend=cfg.path_prepend)
+        r = run([PY, "-c", BOMB], workspace=ws, config=small)
+        assert r.returncode == 137 and "memory limit exceeded" in r.stderr
+
+
+def test_private_tmp_is_size_capped(ws: Path) -> None:
+    r = run(["sh", "-c", "head -c 3000000 /dev/zero > /tmp/fill"], workspace=ws, config=SandboxConfig(tmp_mb=2))
+    assert r.returncode != 0 and "No space left" in r.stderr

@@ -34,8 +34,13 @@ def make_template(root: Path, git: bool = False) -> Path:
     if git:
         subprocess.run(["git", "init", "-q", str(tpl)], check=True)
         subprocess.run(["git", "-C", str(tpl), "add", "-A"], check=True)
-        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-               "GIT_COMMITTER_EMAIL": "t@t"}
+        env = {
+            **os.environ,
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        }
         subprocess.run(["git", "-C", str(tpl), "commit", "-qm", "init"], check=True, env=env)
     return tpl
 
@@ -43,7 +48,7 @@ def make_template(root: Path, git: bool = False) -> Path:
 EDITS = (
     "printf 'a = 1\\nb = 20\\nc = 3\\n' > pkg/m.py; "
     "printf 'no newline, still' > nonl.txt; "
-    "rm gone.txt; rm -r dir_to_remove; "
+    "rm gone.txt; rm -r dir_to_remove; mkdir dir_to_remove; echo y > dir_to_remove/y.txt; "
     "printf '\\000\\001binary' >> blob.bin; "
     "chmod +x pkg/sub/deep.txt; "
     "mkdir -p new/dir && echo new > new/dir/file.txt; "
@@ -61,7 +66,12 @@ def _same_tree(a: Path, b: Path) -> None:
 
 
 def _assert_same(cmp: filecmp.dircmp) -> None:
-    assert not cmp.left_only and not cmp.right_only and not cmp.diff_files, (cmp.left, cmp.left_only, cmp.right_only, cmp.diff_files)
+    assert not cmp.left_only and not cmp.right_only and not cmp.diff_files, (
+        cmp.left,
+        cmp.left_only,
+        cmp.right_only,
+        cmp.diff_files,
+    )
     for sub in cmp.subdirs.values():
         _assert_same(sub)
 
@@ -167,3 +177,26 @@ def test_bad_template_is_an_etude_error(tmp_path: Path) -> None:
         Workspace.create(tmp_path, kind="zfs")  # type: ignore[arg-type]
     with pytest.raises(EtudeError):
         Workspace.create(make_template(tmp_path), kind="worktree")  # not a git checkout
+
+
+def test_worktrees_of_one_template_at_once(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path, git=True)
+    spaces: list[Workspace] = []
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            spaces.append(Workspace.create(tpl, kind="worktree", root=tmp_path / "wsroot"))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in spaces:
+        w.close()
+    assert errors == [] and len(spaces) == 4
+    listed = subprocess.run(["git", "-C", str(tpl), "worktree", "list"], capture_output=True, text=True).stdout
+    assert len(listed.strip().splitlines()) == 1  # only the template itself is left
