@@ -1,0 +1,366 @@
+"""The incremental hybrid index of one repository: refresh after edits, then search.
+
+    idx = open_index(root)                      # persisted under cache()/search/<key>/
+    idx = open_index(workspace, template=tpl)   # starts from the template's index, kept in memory
+    stats = idx.refresh()                       # re-chunks and re-embeds only files whose content changed
+    hits = idx.search("parse a version string", k=10)
+
+Freshness: `refresh` stats every candidate file; a file whose (size, mtime) match the index is
+taken as unchanged without reading it, otherwise it is read and hashed, and only a changed
+sha256 re-chunks it. Chunks whose text was embedded before (by any index, any workspace) take
+their vector from the shared `EmbeddingCache`; only the rest go to the model.
+
+Ranking (see `rank.py`): cosine similarity over every chunk (numpy, exact, no approximate
+index: at 10^4-10^5 chunks one matrix-vector product is a few milliseconds, measured in
+bench/semantic.py) fused with BM25, plus a pin for chunks whose symbol is named in the query.
+
+Not guaranteed: an edit that keeps a file's size and mtime (to the nanosecond) is missed until
+the file changes again. Files larger than `max_file_bytes`, binary files, hidden folders and the
+usual build/cache folders are not indexed. Each in-memory index holds its own stacked matrix
+(4 * dim bytes per chunk), even when it was seeded from a template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from etude.errors import EtudeError
+from etude.search.chunking import Chunk, chunk_file
+from etude.search.embed import Embedder, get_embedder
+from etude.search.lexical import BM25, term_counts
+from etude.search.rank import Hit, RankConfig, rank
+from etude.search.store import SCHEMA_VERSION, EmbeddingCache, FileRecord, IndexDB, text_key
+
+SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "site-packages", "build", "dist", "target"})
+TEXT_SUFFIXES = frozenset(
+    ".py .pyi .pyx .md .rst .txt .toml .cfg .ini .yaml .yml .json .js .ts .tsx .jsx .c .h .cc .cpp .hpp .rs "
+    ".go .java .kt .rb .sh .bash .sql .html .css .j2 .jinja .proto".split()
+)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of the index. Pass one to `open_index`, or as ctx.extra["search_config"] to the tool."""
+
+    embedder: str | None = None  # embedder spec (see embed.get_embedder); None: $ETUDE_SEARCH_EMBEDDER or minilm
+    max_file_bytes: int = 1_000_000  # bigger files are skipped (generated data, vendored bundles)
+    embed_chars: int = 1200  # characters of a chunk given to the embedder (the model truncates further)
+    embed_batch: int = 256  # chunks per embedding call (the progress bar advances per call)
+    rank: RankConfig = field(default_factory=RankConfig)
+    progress: bool | None = None  # rich progress bar on stderr; None: only when stderr is a terminal
+
+
+@dataclass(frozen=True)
+class RefreshStats:
+    """What one refresh did. `files_changed` were re-chunked; `chunks_embedded` went to the model."""
+
+    files: int
+    chunks: int
+    files_changed: int
+    files_removed: int
+    chunks_embedded: int
+    chunks_from_cache: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, float | int]:
+        return dict(self.__dict__)
+
+
+def cache_root() -> Path:
+    from etude.paths import cache
+
+    return cache() / "search"
+
+
+def index_dir(root: Path, embedder_id: str) -> Path:
+    key = hashlib.sha256(f"{root}\0{embedder_id}".encode()).hexdigest()[:20]
+    return cache_root() / key
+
+
+class SearchIndex:
+    """A hybrid index over the files under `root`. Thread-safe; one refresh/search at a time."""
+
+    def __init__(self, root: Path, embedder: Embedder, config: SearchConfig, *,
+                 db: IndexDB | None, cache: EmbeddingCache, files: dict[str, FileRecord]) -> None:
+        self.root, self.embedder, self.config = root, embedder, config
+        self.db, self.cache, self.files = db, cache, dict(files)
+        self.lock = threading.RLock()
+        self._stacked: _Stacked | None = None
+
+    # -- refresh -------------------------------------------------------------------------------
+
+    def refresh(self) -> RefreshStats:
+        """Bring the index up to date with the files on disk; returns what changed."""
+        with self.lock:
+            t0 = time.perf_counter()
+            seen = scan(self.root, self.config.max_file_bytes)
+            removed = [p for p in self.files if p not in seen]
+            changed, touched = self._changed_files(seen)
+            records, embedded, cached = self._build_records(changed)
+            for p in removed:
+                del self.files[p]
+            self.files.update(touched)
+            self.files.update(records)
+            if self.db is not None and (records or removed or touched):
+                self.db.write(records, removed, touched)
+            if records or removed:
+                self._stacked = None
+            return RefreshStats(len(self.files), sum(r.n for r in self.files.values()), len(records), len(removed),
+                                embedded, cached, time.perf_counter() - t0)
+
+    def _changed_files(self, seen: dict[str, tuple[int, int]]) -> tuple[dict[str, tuple], dict[str, FileRecord]]:
+        """Files whose content differs from the index (path -> (size, mtime, sha, bytes)), and
+        files whose content is the same but whose stat changed (path -> updated record)."""
+        changed: dict[str, tuple] = {}
+        touched: dict[str, FileRecord] = {}
+        for rel, (size, mtime) in seen.items():
+            old = self.files.get(rel)
+            if old is not None and old.size == size and old.mtime_ns == mtime:
+                continue
+            data = _read(self.root / rel)
+            if data is None:
+                continue
+            sha = hashlib.sha256(data).hexdigest()
+            if old is not None and old.sha256 == sha:
+                touched[rel] = _restat(old, size, mtime)
+            else:
+                changed[rel] = (size, mtime, sha, data)
+        return changed, touched
+
+    def _build_records(self, changed: dict[str, tuple]) -> tuple[dict[str, FileRecord], int, int]:
+        chunks = {rel: chunk_file(rel, data) for rel, (_, _, _, data) in changed.items()}
+        flat = [c for cs in chunks.values() for c in cs]
+        vecs, embedded = self._vectors(flat)
+        out: dict[str, FileRecord] = {}
+        at = 0
+        for rel, cs in chunks.items():
+            size, mtime, sha, _ = changed[rel]
+            out[rel] = FileRecord(
+                size=size, mtime_ns=mtime, sha256=sha,
+                starts=np.array([c.start_line for c in cs], np.int32), ends=np.array([c.end_line for c in cs], np.int32),
+                symbols=tuple(c.symbol for c in cs), kinds=tuple(c.kind for c in cs),
+                vecs=vecs[at : at + len(cs)], terms=tuple(term_counts(_lexical_text(c)) for c in cs),
+            )
+            at += len(cs)
+        return out, embedded, len(flat) - embedded
+
+    def _vectors(self, chunks: list[Chunk]) -> tuple[np.ndarray, int]:
+        """Unit vectors for `chunks` (cache first, the model for the rest); and how many were embedded."""
+        dim = self.embedder.dim
+        texts = [embed_text(c, self.config.embed_chars) for c in chunks]
+        keys = [text_key(self.embedder.id, t) for t in texts]
+        found = self.cache.get_many(list(dict.fromkeys(keys)))
+        missing = list(dict.fromkeys(k for k in keys if k not in found))
+        if missing:
+            text_of = dict(zip(keys, texts, strict=True))
+            new = self._embed([text_of[k] for k in missing])
+            self.cache.put_many(zip(missing, new, strict=True))
+            found.update(zip(missing, new, strict=True))
+        out = np.stack([found[k] for k in keys]) if keys else np.zeros((0, dim), np.float32)
+        return out.astype(np.float32, copy=False), len(missing)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        batch = self.config.embed_batch
+        show = self.config.progress if self.config.progress is not None else (sys.stderr.isatty() and len(texts) > batch)
+        parts = []
+        with _progress(show, len(texts), f"embedding {len(texts)} chunks") as advance:
+            for i in range(0, len(texts), batch):
+                parts.append(self.embedder.embed(texts[i : i + batch]))
+                advance(min(batch, len(texts) - i))
+        return np.concatenate(parts).astype(np.float32)
+
+    # -- search --------------------------------------------------------------------------------
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """The k best chunks for `query` (call `refresh` first to see recent edits)."""
+        if not isinstance(query, str) or not query.strip():
+            raise EtudeError("query is empty; describe the code you are looking for")
+        with self.lock:
+            st = self._stack()
+            if st.vecs.shape[0] == 0:
+                return []
+            qvec = self.embedder.embed([query], query=True)[0]
+            return rank(query, qvec, st.vecs, st.bm25, st.paths, st.starts, st.ends, st.symbols, st.kinds,
+                        k, self.config.rank)
+
+    def _stack(self) -> _Stacked:
+        if self._stacked is None:
+            self._stacked = _Stacked.build(self.files, self.embedder.dim)
+        return self._stacked
+
+    @property
+    def n_chunks(self) -> int:
+        return sum(r.n for r in self.files.values())
+
+
+@dataclass(frozen=True)
+class _Stacked:
+    """All files' chunks as flat arrays, rebuilt after a refresh that changed something."""
+
+    vecs: np.ndarray  # [n, dim] float32
+    bm25: BM25
+    paths: list[str]  # [n]
+    starts: np.ndarray  # [n]
+    ends: np.ndarray  # [n]
+    symbols: list[str]  # [n]
+    kinds: list[str]  # [n]
+
+    @classmethod
+    def build(cls, files: dict[str, FileRecord], dim: int) -> _Stacked:
+        recs = [(p, files[p]) for p in sorted(files) if files[p].n]
+        if not recs:
+            z = np.zeros(0, np.int32)
+            return cls(np.zeros((0, dim), np.float32), BM25.build([]), [], z, z, [], [])
+        return cls(
+            vecs=np.concatenate([r.vecs for _, r in recs]),
+            bm25=BM25.build([t for _, r in recs for t in r.terms]),
+            paths=[p for p, r in recs for _ in range(r.n)],
+            starts=np.concatenate([r.starts for _, r in recs]),
+            ends=np.concatenate([r.ends for _, r in recs]),
+            symbols=[s for _, r in recs for s in r.symbols],
+            kinds=[s for _, r in recs for s in r.kinds],
+        )
+
+
+def embed_text(chunk: Chunk, max_chars: int) -> str:
+    """What the embedder sees: where the chunk is and what it is called, then its source."""
+    head = f"{chunk.path} {chunk.kind} {chunk.symbol}".rstrip()
+    return (head + "\n" + chunk.text)[:max_chars]
+
+
+def _lexical_text(chunk: Chunk) -> str:
+    # The path and symbol count as words of the chunk: "where is the copy module" should hit it.
+    return f"{chunk.path} {chunk.symbol}\n{chunk.text}"
+
+
+def _restat(rec: FileRecord, size: int, mtime: int) -> FileRecord:
+    from dataclasses import replace
+
+    return replace(rec, size=size, mtime_ns=mtime)
+
+
+def _read(path: Path) -> bytes | None:
+    """The file's bytes, or None for a binary file or one that vanished while we looked."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return None if b"\0" in data[:8192] else data
+
+
+def scan(root: Path, max_file_bytes: int) -> dict[str, tuple[int, int]]:
+    """Candidate files under `root`: relative path -> (size, mtime_ns). Symlinks are not followed."""
+    out: dict[str, tuple[int, int]] = {}
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            entries = list(os.scandir(root / rel_dir if rel_dir else root))
+        except OSError:
+            continue
+        for e in entries:
+            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            if e.is_dir(follow_symlinks=False):
+                if not e.name.startswith(".") and e.name not in SKIP_DIRS and not e.name.endswith(".egg-info"):
+                    stack.append(rel)
+            elif e.is_file(follow_symlinks=False) and os.path.splitext(e.name)[1].lower() in TEXT_SUFFIXES:
+                st = e.stat(follow_symlinks=False)
+                if st.st_size <= max_file_bytes:
+                    out[rel] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+class _progress:
+    """A rich progress bar on stderr, or nothing; yields `advance(n)`."""
+
+    def __init__(self, show: bool, total: int, label: str) -> None:
+        self.show, self.total, self.label = show, total, label
+
+    def __enter__(self):
+        if not self.show:
+            return lambda n: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                            TimeRemainingColumn(), console=Console(stderr=True), transient=False)
+        self.bar.__enter__()
+        task = self.bar.add_task(self.label, total=self.total)
+        return lambda n: self.bar.advance(task, n)
+
+    def __exit__(self, *exc) -> None:
+        if self.show:
+            self.bar.__exit__(*exc)
+
+
+# -- opening -----------------------------------------------------------------------------------
+
+_open: OrderedDict[tuple, SearchIndex] = OrderedDict()
+_open_lock = threading.Lock()
+MAX_OPEN = 8  # indexes kept in memory per process (least recently used is dropped)
+
+
+def open_index(root: Path | str, *, template: Path | str | None = None, config: SearchConfig | None = None) -> SearchIndex:
+    """The index of `root`, kept per process. Call `.refresh()` before searching.
+
+    Without a template the index is persisted under cache()/search/. With one (the folder a
+    copy-on-write workspace was made from), the template's persisted index is refreshed and
+    copied in memory, and only the workspace's differences are computed: nothing is written
+    for the workspace except new vectors in the shared embedding cache."""
+    config = config or SearchConfig()
+    root = _check_dir(root, "workspace")
+    tpl = _check_dir(template, "template") if template is not None else None
+    embedder = get_embedder(config.embedder)
+    key = (str(root), str(tpl), embedder.id, config)
+    with _open_lock:
+        if key in _open:
+            _open.move_to_end(key)
+            return _open[key]
+    idx = _seed_from_template(root, tpl, embedder, config) if tpl is not None else _persisted(root, embedder, config)
+    with _open_lock:
+        _open[key] = idx
+        while len(_open) > MAX_OPEN:
+            _open.popitem(last=False)
+    return idx
+
+
+def _check_dir(path: Path | str, what: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise EtudeError(f"{what} {path} is not a directory")
+    return p.resolve()
+
+
+def _shared_cache() -> EmbeddingCache:
+    return EmbeddingCache(cache_root() / "embeddings.sqlite")
+
+
+def _persisted(root: Path, embedder: Embedder, config: SearchConfig) -> SearchIndex:
+    d = index_dir(root, embedder.id)
+    db = IndexDB(d / "index.sqlite")
+    want = {"schema": SCHEMA_VERSION, "embedder": embedder.id, "dim": str(embedder.dim), "root": str(root)}
+    meta = db.meta()
+    if any(meta.get(k) != v for k, v in want.items()):
+        db.clear()  # a different schema or model: nothing in it is usable
+        db.set_meta(want)
+        files: dict[str, FileRecord] = {}
+    else:
+        files = dict(db.load(embedder.dim))
+    return SearchIndex(root, embedder, config, db=db, cache=_shared_cache(), files=files)
+
+
+def _seed_from_template(root: Path, tpl: Path, embedder: Embedder, config: SearchConfig) -> SearchIndex:
+    base = open_index(tpl, config=config)
+    base.refresh()
+    with base.lock:
+        files = dict(base.files)
+    return SearchIndex(root, embedder, config, db=None, cache=base.cache, files=files)

@@ -1,0 +1,144 @@
+"""The incremental index: content-hash keyed, one changed file -> one file re-embedded,
+template reuse, persistence, hybrid ranking with exact identifiers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from etude.errors import EtudeError
+from etude.search import SearchConfig, open_index
+from etude.search import index as index_mod
+from etude.search.lexical import BM25, term_counts, tokenize
+
+CFG = SearchConfig(embedder="recording")
+
+
+def test_full_index_then_nothing_to_do(repo, recorder):
+    idx = open_index(repo, config=CFG)
+    first = idx.refresh()
+    assert first.files == 3 and first.files_changed == 3
+    assert first.chunks == first.chunks_embedded == len(recorder.embedded) > 0
+    again = idx.refresh()
+    assert (again.files_changed, again.chunks_embedded, again.files_removed) == (0, 0, 0)
+    assert len(recorder.embedded) == first.chunks
+
+
+def test_one_changed_file_is_the_only_one_reembedded(repo, recorder):
+    idx = open_index(repo, config=CFG)
+    idx.refresh()
+    before = len(recorder.embedded)
+    path = repo / "pkg/text.py"
+    path.write_text(path.read_text().replace("aeiou", "aeiouy"))
+    stats = idx.refresh()
+    assert stats.files_changed == 1 and stats.files_removed == 0
+    new = recorder.embedded[before:]
+    assert new and all(t.startswith("pkg/text.py ") for t in new)
+    # Only the edited function's text is new; slugify's chunk came from the cache.
+    assert len(new) == stats.chunks_embedded == 1 and "count_vowels" in new[0]
+    assert stats.chunks_from_cache >= 1
+    assert idx.search("count_vowels", k=1)[0].symbol == "count_vowels"
+
+
+def test_touch_without_change_is_not_reembedded_and_deletes_are_dropped(repo, recorder):
+    idx = open_index(repo, config=CFG)
+    idx.refresh()
+    n = len(recorder.embedded)
+    os.utime(repo / "pkg/geometry.py", ns=(1, 1))  # new mtime, same bytes
+    (repo / "README.md").unlink()
+    stats = idx.refresh()
+    assert (stats.files_changed, stats.files_removed, stats.files) == (0, 1, 2)
+    assert len(recorder.embedded) == n
+    assert all(h.path != "README.md" for h in idx.search("helpers for shapes and text", k=50))
+
+
+def test_index_persists_across_processes(repo, recorder):
+    open_index(repo, config=CFG).refresh()
+    index_mod._open.clear()  # as if a new process opened it
+    idx = open_index(repo, config=CFG)
+    assert idx.n_chunks > 0
+    stats = idx.refresh()
+    assert stats.files_changed == 0 and stats.chunks_embedded == 0
+    assert list((index_mod.cache_root()).glob("*/index.sqlite"))
+
+
+def test_workspace_from_template_reuses_the_template_index(tmp_path, repo, recorder):
+    open_index(repo, config=CFG).refresh()
+    n = len(recorder.embedded)
+    ws = tmp_path / "ws"
+    shutil.copytree(repo, ws)  # copy2 keeps mtimes, as an overlay's lower layer does
+    idx = open_index(ws, template=repo, config=CFG)
+    stats = idx.refresh()
+    assert stats.files_changed == 0 and len(recorder.embedded) == n
+    (ws / "pkg/new.py").write_text("def brand_new_helper():\n    return 42\n")
+    stats = idx.refresh()
+    assert stats.files_changed == 1 and stats.chunks_embedded == 1
+    assert idx.search("brand_new_helper", k=1)[0].path == "pkg/new.py"
+    # The template's own index did not see the workspace's file.
+    tpl = open_index(repo, config=CFG)
+    assert "pkg/new.py" not in tpl.files
+    assert not list(index_mod.cache_root().glob("*/index.sqlite"))[1:]  # nothing persisted for ws
+
+
+def test_worktree_style_copy_with_new_mtimes_hashes_instead_of_embedding(tmp_path, repo, recorder):
+    open_index(repo, config=CFG).refresh()
+    n = len(recorder.embedded)
+    ws = tmp_path / "ws"
+    shutil.copytree(repo, ws, copy_function=shutil.copy)  # fresh mtimes, same content
+    stats = open_index(ws, template=repo, config=CFG).refresh()
+    assert stats.files_changed == 0 and len(recorder.embedded) == n
+
+
+def test_same_content_elsewhere_comes_from_the_shared_cache(tmp_path, repo, recorder):
+    open_index(repo, config=CFG).refresh()
+    n = len(recorder.embedded)
+    other = tmp_path / "other"
+    shutil.copytree(repo, other, copy_function=shutil.copy)
+    stats = open_index(other, config=CFG).refresh()  # no template given: its own index
+    assert stats.files_changed == 3 and stats.chunks_embedded == 0 and len(recorder.embedded) == n
+
+
+def test_exact_identifier_is_pinned_first(repo, recorder):
+    idx = open_index(repo, config=CFG)
+    idx.refresh()
+    for query, symbol in [("circle_area", "circle_area"), ("where is Rectangle.area defined", "Rectangle.area"),
+                          ("slugify", "slugify")]:
+        top = idx.search(query, k=3)[0]
+        assert top.symbol == symbol, (query, top)
+    hit = idx.search("circle_area", k=1)[0]
+    assert (hit.path, hit.start_line, hit.end_line) == ("pkg/geometry.py", 5, 7)
+
+
+def test_search_bad_input(repo, recorder, tmp_path):
+    idx = open_index(repo, config=CFG)
+    idx.refresh()
+    with pytest.raises(EtudeError, match="query is empty"):
+        idx.search("   ")
+    with pytest.raises(EtudeError, match="not a directory"):
+        open_index(tmp_path / "missing", config=CFG)
+    with pytest.raises(EtudeError, match="unknown embedder"):
+        open_index(repo, config=SearchConfig(embedder="no-such-model"))
+
+
+def test_skips_hidden_build_binary_and_huge_files(repo, recorder):
+    (repo / ".git").mkdir()
+    (repo / ".git" / "config.py").write_text("def hidden(): pass\n")
+    (repo / "node_modules").mkdir()
+    (repo / "node_modules" / "x.js").write_text("function x() {}\n")
+    (repo / "blob.py").write_bytes(b"\0\1\2def binary(): pass\n")
+    (repo / "big.txt").write_text("x\n" * 600_000)
+    idx = open_index(repo, config=CFG)
+    idx.refresh()
+    assert set(idx.files) == {"pkg/geometry.py", "pkg/text.py", "README.md"}
+
+
+def test_bm25_prefers_the_document_with_rare_matching_terms():
+    docs = ["def parse_config(path): read the yaml config", "def render(page): html output", "config = 1"]
+    bm = BM25.build([term_counts(d) for d in docs])
+    s = bm.scores("parse config file")
+    assert s[0] > s[2] > s[1] == 0
+    assert "parse_config" in tokenize("parse_config") and "config" in tokenize("parseConfig")
+    assert np.all(BM25.build([]).scores("x") == 0)
