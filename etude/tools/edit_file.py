@@ -47,22 +47,28 @@ class EditFile(BaseTool):
             raise ToolError("old_str and new_str are the same; nothing to change", kind="bad_edit")
         text = _decode(read_bytes(root, real, cfg.max_file_bytes), name)
         old, new = _line_endings(text, old, new)
-        count = text.count(old)
-        if count == 0:
-            raise ToolError(f"old_str was not found in {name}{_near_miss(text, old)}", kind="no_match")
-        if count > 1 and not args["replace_all"]:
-            raise ToolError(
-                f"old_str occurs {count} times in {name} (at lines {_where(text, old)}); include more "
-                "surrounding lines to make it unique, or set replace_all to true",
-                kind="ambiguous",
-                occurrences=count,
-            )
+        count = _occurrences(text, old, name, args["replace_all"])
         updated = text.replace(old, new) if args["replace_all"] else text.replace(old, new, 1)
         write_bytes(root, real, updated.encode("utf-8"))
         diff, meta = _diff(text, updated, name, cfg.edit_diff_max_lines)
         meta.update(path=name, replacements=count if args["replace_all"] else 1)
         summary = f"edited {name}: {meta['replacements']} replacement(s), +{meta['lines_added']} -{meta['lines_removed']} lines"
         return ToolResult(ok=True, output=summary + "\n" + diff, meta=meta)
+
+
+def _occurrences(text: str, old: str, name: str, replace_all: bool) -> int:
+    """How often old_str occurs; refuses 0, and more than 1 unless replace_all."""
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(f"old_str was not found in {name}{_near_miss(text, old)}", kind="no_match")
+    if count > 1 and not replace_all:
+        raise ToolError(
+            f"old_str occurs {count} times in {name} (at lines {_where(text, old)}); include more "
+            "surrounding lines to make it unique, or set replace_all to true",
+            kind="ambiguous",
+            occurrences=count,
+        )
+    return count
 
 
 def _decode(data: bytes, name: str) -> str:

@@ -51,17 +51,8 @@ class ReadFile(BaseTool):
         start, end = _line_range(args, len(lines), name)
         last = min(end, start + cfg.read_max_lines - 1)
         body, shown_end, cut_lines = _number(lines, start, last, cfg.read_max_line_chars, cfg.max_output_chars)
-        notes = []
-        if cut_lines:
-            notes.append(f"[{cut_lines} long line(s) cut at {cfg.read_max_line_chars} characters]")
-        if shown_end < end:
-            notes.append(
-                f"[truncated: showing lines {start}-{shown_end} of {len(lines)}; "
-                f"read more with start_line={shown_end + 1}]"
-            )
-        output = body if lines else "[empty file]"
-        if notes:
-            output += "\n" + "\n".join(notes)
+        notes = _notes(cut_lines, cfg.read_max_line_chars, start, shown_end, end, len(lines))
+        output = "\n".join([body if lines else "[empty file]", *notes])
         meta = {
             "path": name,
             "start_line": start,
@@ -71,6 +62,18 @@ class ReadFile(BaseTool):
             "truncated": bool(notes),
         }
         return ToolResult(ok=True, output=output, meta=meta)
+
+
+def _notes(cut_lines: int, max_chars: int, start: int, shown_end: int, end: int, total: int) -> list[str]:
+    """The markers under the numbered lines: what was cut and how to read the rest."""
+    notes = []
+    if cut_lines:
+        notes.append(f"[{cut_lines} long line(s) cut at {max_chars} characters]")
+    if shown_end < end:
+        notes.append(
+            f"[truncated: showing lines {start}-{shown_end} of {total}; read more with start_line={shown_end + 1}]"
+        )
+    return notes
 
 
 def _line_range(args: dict[str, Any], total: int, name: str) -> tuple[int, int]:
