@@ -7,17 +7,20 @@ Rules:
 - `..` that leaves the root is refused, even if the path would come back in;
 - symlinks are resolved at every component, and a path whose real location is outside the
   root is refused;
-- reads and writes re-check the opened file descriptor's real path (`/proc/self/fd`) and open
-  the final component with O_NOFOLLOW, so a symlink swapped in after the check is caught.
+- reads and writes then open the path one component at a time from the root (`openat` with
+  O_NOFOLLOW at every step), so a folder or file swapped for a symlink after the check (by a
+  command racing the tool) is refused, never followed: nothing outside is read, truncated or
+  created. The opened descriptor's real path is checked once more through `/proc/self/fd`.
 
-Not guaranteed: a process racing to swap an *intermediate* directory for a symlink between the
-check and `open` could make an O_CREAT create an empty file outside before the re-check refuses
-the write. Commands the agent runs are confined by the sandbox; this module only keeps the
-tools (which run on the host) from being steered outside.
+Not guaranteed: hard links. A hard link inside the workspace to a file outside it is written
+through (the sandbox cannot make one across its mounts; a template repository could hold one).
+The root itself is trusted: it is the sandbox's mount point, which commands cannot replace.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -82,6 +85,43 @@ def _check_fd(fd: int, root: Path, shown_path: str) -> None:
         raise ToolError(f"path {shown_path!r} changed to point outside the workspace", kind="path_outside")
 
 
+def open_beneath(root: Path, real: Path, flags: int, *, make_parents: bool = False) -> int:
+    """Open `real` one component at a time from the root, each with O_NOFOLLOW.
+
+    `resolve` already followed every legitimate symlink, so any symlink met here was swapped in
+    after the check: it is refused instead of followed, and nothing is created outside."""
+    parts = real.relative_to(root).parts
+    if not parts:
+        raise IsADirectoryError(errno.EISDIR, "Is a directory")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            if make_parents:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            nfd = _open_at(fd, part, os.O_RDONLY | os.O_DIRECTORY, root, real)
+            os.close(fd)
+            fd = nfd
+        return _open_at(fd, parts[-1], flags, root, real)
+    finally:
+        os.close(fd)
+
+
+def _open_at(fd: int, part: str, flags: int, root: Path, real: Path) -> int:
+    """os.open of `part` inside the open folder `fd`, never through a symlink."""
+    try:
+        return os.open(part, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+    except OSError as e:
+        try:
+            swapped = stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode)
+        except OSError:
+            swapped = False
+        if swapped or e.errno == errno.ELOOP:
+            msg = f"path {shown(root, real)!r} changed to point outside the workspace"
+            raise ToolError(msg, kind="path_outside") from None
+        raise
+
+
 def _check_regular(fd: int, shown_path: str) -> None:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise ToolError(f"{shown_path} is not a regular file (a FIFO, socket or device)", kind="not_a_file")
@@ -94,7 +134,7 @@ def read_bytes(root: Path, real: Path, max_bytes: int) -> bytes:
         raise ToolError(f"{name} is a directory; use list_dir to see its contents", kind="is_directory")
     try:
         # O_NONBLOCK: a FIFO the agent made with mkfifo must not hang the tool (it is refused below).
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = open_beneath(root, real, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ToolError(f"file not found: {name} (use glob or list_dir to find files)", kind="not_found") from None
     except OSError as e:
@@ -118,8 +158,7 @@ def write_bytes(root: Path, real: Path, data: bytes) -> bool:
         raise ToolError(f"{name} is a directory; give a file path", kind="is_directory")
     created = not real.exists()
     try:
-        real.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        fd = open_beneath(root, real, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, make_parents=True)
     except OSError as e:
         raise os_error(e, name) from None
     with os.fdopen(fd, "wb") as f:

@@ -81,3 +81,25 @@ def test_grep_and_list_dir_do_not_follow_symlinks_out(ctx: ToolContext) -> None:
     assert listing.ok
     assert [e["path"] for e in listing.meta["entries"] if e["path"].startswith("outdir")] == ["outdir"]
     assert "outdir -> " in listing.output
+
+
+def test_swap_after_resolve_is_caught_on_open(ws: Path, outside: Path) -> None:
+    """A folder swapped for a symlink between resolve() and open() (a racing command) is caught
+    by the descriptor re-check: no read of the outside file, and a write leaves it intact."""
+    from etude.tools.paths import read_bytes, write_bytes
+
+    (ws / "d").mkdir()
+    (ws / "d" / "secret.txt").write_text("inside\n")
+    real = resolve(ws, "d/secret.txt")
+    (ws / "d" / "secret.txt").unlink()
+    (ws / "d").rmdir()
+    os.symlink(outside, ws / "d")  # the swap
+    root = ws.resolve()
+    with pytest.raises(ToolError, match="changed to point outside"):
+        read_bytes(root, real, 1000)
+    with pytest.raises(ToolError, match="changed to point outside"):
+        write_bytes(root, real, b"PWNED")
+    assert (outside / "secret.txt").read_text() == "TOP SECRET\n"
+    with pytest.raises(ToolError, match="changed to point outside"):
+        write_bytes(root, root / "d" / "new.txt", b"x")  # resolved before the swap: a new file
+    assert not (outside / "new.txt").exists()  # nothing created outside
