@@ -1,5 +1,8 @@
 """`etude tool NAME --workspace DIR --args JSON`: run one tool, print its ToolResult as JSON.
 
+`etude tool NAME --schema` prints that tool's schema; `etude tool all --schema` prints every
+available tool's schema in OpenAI format (what a prompt or a server offers the model).
+
 Exit 0 whenever the tool ran (its `ok` may be false); exit 2 (EtudeError) only for misuse of
 the command: an unknown tool, `--args` that is not a JSON object, a missing workspace.
 """
@@ -32,7 +35,10 @@ def register(app: typer.Typer) -> None:
     @app.command("tool")
     def tool(
         name: Annotated[
-            str, typer.Argument(help="read_file, edit_file, write_file, grep, glob, list_dir, run_terminal")
+            str,
+            typer.Argument(
+                help="read_file, edit_file, write_file, grep, glob, list_dir, run_terminal, or 'all' with --schema"
+            ),
         ],
         workspace: Annotated[Path | None, typer.Option("--workspace", help="the folder the tool works in")] = None,
         args: Annotated[str, typer.Option("--args", help="the arguments, a JSON object ('-': read stdin)")] = "{}",
@@ -40,8 +46,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run one agent tool on a workspace and print {"ok", "output", "error", "meta"} as JSON."""
         from etude.protocols import ToolContext
-        from etude.tools import available, get_tool, run_tool
+        from etude.tools import available, get_tool, run_tool, tool_schemas
 
+        if schema and name == "all":
+            print(json.dumps(tool_schemas(), indent=2))  # OpenAI format, every available tool
+            return
         if name not in available():
             raise EtudeError(f"unknown tool {name!r}; available tools: {', '.join(available())}")
         if schema:

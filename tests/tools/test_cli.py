@@ -46,6 +46,9 @@ def test_args_from_stdin_and_schema(app: typer.Typer, ws: Path) -> None:
     assert res.exit_code == 0 and json.loads(res.stdout)["ok"] and (ws / "n.txt").read_text() == "hi"
     res = invoke(app, "edit_file", "--schema")
     assert res.exit_code == 0 and json.loads(res.stdout)["parameters"]["required"] == ["path", "old_str", "new_str"]
+    res = invoke(app, "all", "--schema")
+    names = [s["function"]["name"] for s in json.loads(res.stdout)]
+    assert res.exit_code == 0 and names[:3] == ["read_file", "edit_file", "write_file"] and "run_terminal" in names
 
 
 @pytest.mark.parametrize(
