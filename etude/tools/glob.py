@@ -54,15 +54,18 @@ class Glob(BaseTool):
         code, err, truncated = run_rg(argv, base, cfg.grep_timeout_s, take)
         if code not in (0, 1) and not truncated:
             raise ToolError(f"glob failed: {err.strip().splitlines()[0] if err.strip() else code}", kind="bad_pattern")
-        meta = {"files": files, "count": len(files), "truncated": truncated}
-        if not files:
-            return ToolResult(ok=True, output=f"no files match {args['pattern']!r} in {args['path']}", meta=meta)
-        out = "\n".join(files)
-        if truncated:
-            out += f"\n[truncated: showing the first {len(files)} files; use a narrower pattern or path]"
-        out, cut = truncate_head(out, cfg.max_output_chars, "use a narrower pattern or path")
-        meta["truncated"] = truncated or cut
-        return ToolResult(ok=True, output=out, meta=meta)
+        return _result(files, truncated, args, cfg.max_output_chars)
+
+
+def _result(files: list[str], truncated: bool, args: dict[str, Any], max_chars: int) -> ToolResult:
+    if not files:
+        meta = {"files": [], "count": 0, "truncated": False}
+        return ToolResult(ok=True, output=f"no files match {args['pattern']!r} in {args['path']}", meta=meta)
+    out = "\n".join(files)
+    if truncated:
+        out += f"\n[truncated: showing the first {len(files)} files; use a narrower pattern or path]"
+    out, cut = truncate_head(out, max_chars, "use a narrower pattern or path")
+    return ToolResult(ok=True, output=out, meta={"files": files, "count": len(files), "truncated": truncated or cut})
 
 
 def _pattern(pattern: str) -> str:
