@@ -42,6 +42,7 @@ def agent(
     example: Annotated[bool, typer.Option("--example", help="run the built-in example repository and scripted session")] = False,
     apply: Annotated[bool, typer.Option("--apply", help="apply the patch to --repo instead of printing it")] = False,
     max_steps: Annotated[int | None, typer.Option("--max-steps", help="most model turns")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="most tokens per model turn")] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="episode wall-clock budget in seconds")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", help="sampling temperature")] = None,
     trajectory: Annotated[Path | None, typer.Option("--trajectory", help="trajectory JSONL file (default under ETUDE_HOME/trajectories)")] = None,
@@ -54,7 +55,7 @@ def agent(
 
     err = Console(stderr=True)
     request, repo, pol = _resolve(request, repo, policy, script, example, base_url, model, api_key, apply)
-    config = _config(max_steps, time_limit, temperature)
+    config = _config(max_steps, max_tokens, time_limit, temperature)
     with err.status("agent: step 1", spinner="dots") as status:
         def on_turn(turn) -> None:
             status.update(f"agent: step {turn.index + 2} · {len(turn.tool_executions)} tool call(s) in step {turn.index + 1}")
@@ -106,8 +107,8 @@ def _resolve(request, repo, policy, script, example, base_url, model, api_key, a
     return request, repo, pol
 
 
-def _config(max_steps, time_limit, temperature):
+def _config(max_steps, max_tokens, time_limit, temperature):
     from etude.harness.config import HarnessConfig
 
-    changes = {"max_steps": max_steps, "time_limit_s": time_limit, "temperature": temperature}
+    changes = {"max_steps": max_steps, "max_tokens_per_turn": max_tokens, "time_limit_s": time_limit, "temperature": temperature}
     return HarnessConfig(**{k: v for k, v in changes.items() if v is not None})
