@@ -18,6 +18,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -130,7 +131,7 @@ class Cgroup:
 
     def kill_all(self, deadline_s: float = 5.0) -> bool:
         """SIGKILL every member until none is left (fork bombs respawn). True when empty."""
-        end = time.monotonic() + deadline_s
+        end, pause = time.monotonic() + deadline_s, 0.0002
         while time.monotonic() < end:
             pids = self.pids()
             if not pids:
@@ -140,7 +141,10 @@ class Cgroup:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            time.sleep(0.005)
+            # NOTE: right after a normal exit one task is usually still leaving (about 1 ms);
+            # a short, growing pause avoids charging every command a fixed sleep.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
         return not self.pids()
 
     def destroy(self) -> None:
@@ -148,14 +152,16 @@ class Cgroup:
         if self.pids():
             self.kill_all()
         for d in self.dirs:
-            for _ in range(200):  # zombies still count until reaped; wait briefly
+            pause = 0.0002
+            for _ in range(100):  # a dying task still pins the cgroup for a moment
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.005)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.02)
         self.dirs.clear()
 
     def memory_oom_killed(self) -> bool:
@@ -188,23 +194,76 @@ def _memory_limits(cfg: SandboxConfig) -> list[tuple[str, str]]:
     return [("memory.limit_in_bytes", b), ("memory.memsw.limit_in_bytes", b)]
 
 
-def prlimit_argv(cfg: SandboxConfig, *, cgroup_has_pids: bool) -> list[str]:
-    """`prlimit --as=... -- ` prefix, or [] when prlimit(1) is missing (macOS): then no rlimits."""
-    exe = shutil.which("prlimit", path="/usr/bin:/bin")
-    if exe is None:
-        return []
-    args = [exe, "--core=0"]
+def rlimits(cfg: SandboxConfig, *, cgroup_has_pids: bool) -> dict[str, int]:
+    """The rlimits to set, by prlimit(1) resource name, in bytes / seconds / counts."""
+    lim = {"core": 0}
     as_mb = cfg.memory_mb if cfg.address_space_mb is None else cfg.address_space_mb
     if as_mb:
-        args.append(f"--as={as_mb * _MB}")
+        lim["as"] = as_mb * _MB
     if cfg.cpu_s:
-        args.append(f"--cpu={int(cfg.cpu_s)}")
+        lim["cpu"] = int(cfg.cpu_s)
     if cfg.file_size_mb:
-        args.append(f"--fsize={cfg.file_size_mb * _MB}")
+        lim["fsize"] = cfg.file_size_mb * _MB
     if cfg.open_files:
-        args.append(f"--nofile={cfg.open_files}")
+        lim["nofile"] = cfg.open_files
     if cfg.max_procs and not cgroup_has_pids and os.geteuid() != 0:
         # NOTE: RLIMIT_NPROC counts every process of the launcher's uid, not just ours; only a
         # fallback. For uid 0 the kernel ignores it, so we do not pretend.
-        args.append(f"--nproc={cfg.max_procs}")
-    return args
+        lim["nproc"] = cfg.max_procs
+    return lim
+
+
+# dash/POSIX `ulimit` flags and units (fsize in 512-byte blocks, as in KiB), verified by _probe_ulimit.
+_ULIMIT = {
+    "core": ("-c", 512),
+    "as": ("-v", 1024),
+    "cpu": ("-t", 1),
+    "fsize": ("-f", 512),
+    "nofile": ("-n", 1),
+    "nproc": ("-p", 1),
+}
+
+
+@functools.cache
+def _ulimit_works() -> bool:
+    """Does /bin/sh's `ulimit` set soft and hard limits in the units above? (dash, bash as sh)."""
+    want = {"core": 0, "as": 4000 * _MB, "cpu": 100, "fsize": _MB, "nofile": 100}
+    script = " && ".join(_ulimit_cmds(want)) + " && cat /proc/self/limits"
+    try:
+        out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    rows = {
+        "core": "Max core file size",
+        "as": "Max address space",
+        "cpu": "Max cpu time",
+        "fsize": "Max file size",
+        "nofile": "Max open files",
+    }
+    for key, label in rows.items():
+        line = next((ln for ln in out.splitlines() if ln.startswith(label)), "")
+        if line[len(label) :].split()[:2] != [str(want[key])] * 2:
+            return False
+    return True
+
+
+def _ulimit_cmds(lim: dict[str, int]) -> list[str]:
+    return [f"ulimit {_ULIMIT[k][0]} {v // _ULIMIT[k][1]}" for k, v in lim.items()]
+
+
+def launcher_prefix(cfg: SandboxConfig, cg: Cgroup) -> list[str]:
+    """argv to put before the command (or bwrap): joins the cgroups, sets the rlimits, then execs.
+
+    One /bin/sh does both with builtins (no extra exec); prlimit(1) is the fallback where the
+    shell's `ulimit` differs. The shell execs, so the command keeps its pid and is counted in the
+    cgroups from its first instruction: no window in which it could fork uncounted."""
+    lim = rlimits(cfg, cgroup_has_pids="pids" in cg.controllers)
+    prefix: list[str] = []
+    steps = [cg.enter_script().removesuffix(" && ")] if cg.dirs else []
+    if _ulimit_works():
+        steps += _ulimit_cmds(lim)
+    elif (exe := shutil.which("prlimit", path="/usr/bin:/bin")) is not None:
+        prefix = [exe, *(f"--{k}={v}" for k, v in lim.items()), "--"]
+    if not steps:
+        return prefix
+    return ["/bin/sh", "-c", " && ".join(steps) + ' && exec "$@"', "sh", *prefix]

@@ -13,7 +13,7 @@ from etude.errors import EtudeError
 from etude.protocols import ExecResult
 from etude.sandbox.bwrap import bwrap_argv, inside_path
 from etude.sandbox.config import SandboxConfig
-from etude.sandbox.limits import Cgroup, prlimit_argv
+from etude.sandbox.limits import Cgroup, launcher_prefix
 from etude.sandbox.process import TIMEOUT_STATUS, kill_tree, spawn_and_wait
 
 _LAUNCHER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -45,19 +45,13 @@ def _command(
     argv: Sequence[str], ws: Path, cfg: SandboxConfig, cg: Cgroup
 ) -> tuple[list[str], dict[str, str], Path | None]:
     """The launcher argv (sh -> prlimit -> bwrap -> CMD), its environment and cwd."""
-    lim = prlimit_argv(cfg, cgroup_has_pids="pids" in cg.controllers)
     if cfg.backend == "bwrap":
         inner, env, cwd = bwrap_argv(list(argv), ws, cfg), dict(_LAUNCHER_ENV), None
     else:
         _warn_unsandboxed()
         env = {"PATH": inside_path(cfg), "HOME": str(ws), "LANG": "C.UTF-8", "ETUDE_UNSANDBOXED": "1", **cfg.env}
         inner, cwd = list(argv), ws
-    full = lim + inner
-    if cg.dirs:
-        # The shell joins the cgroups and then execs (same pid), so the very first process of the
-        # command is already counted: no window in which it could fork uncounted.
-        full = ["/bin/sh", "-c", cg.enter_script() + 'exec "$@"', "sh", *full]
-    return full, env, cwd
+    return launcher_prefix(cfg, cg) + inner, env, cwd
 
 
 def run(

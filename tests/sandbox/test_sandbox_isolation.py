@@ -238,3 +238,18 @@ def test_timeout_note_and_memory_note_reach_the_model(ws: Path, cfg: SandboxConf
 def test_private_tmp_is_size_capped(ws: Path) -> None:
     r = run(["sh", "-c", "head -c 3000000 /dev/zero > /tmp/fill"], workspace=ws, config=SandboxConfig(tmp_mb=2))
     assert r.returncode != 0 and "No space left" in r.stderr
+
+
+@pytest.mark.parametrize("via_shell", [True, False], ids=["sh-ulimit", "prlimit"])
+def test_rlimits_are_set_soft_and_hard(ws: Path, monkeypatch: pytest.MonkeyPatch, via_shell: bool) -> None:
+    import etude.sandbox.limits as lim
+
+    monkeypatch.setattr(lim, "_ulimit_works", lambda: via_shell)
+    cfg = SandboxConfig(memory_mb=300, cpu_s=7, file_size_mb=3, open_files=55)
+    text = run(["cat", "/proc/self/limits"], workspace=ws, config=cfg).stdout
+    rows = {ln[:26].strip(): ln[26:].split()[:2] for ln in text.splitlines()[1:]}
+    assert rows["Max address space"] == [str(300 << 20)] * 2
+    assert rows["Max cpu time"] == ["7", "7"]
+    assert rows["Max file size"] == [str(3 << 20)] * 2
+    assert rows["Max open files"] == ["55", "55"]
+    assert rows["Max core file size"] == ["0", "0"]
