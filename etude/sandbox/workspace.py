@@ -190,11 +190,15 @@ def _overlay_candidates(upper: Path, template: Path) -> set[str]:
         rel_dir = "" if rel_dir == "." else rel_dir
         if rel_dir and _opaque(Path(dirpath)):
             out.update(walk_files(template, rel_dir))
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+        for name in filenames + dirnames:
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            out.add(rel)
-            if (template / rel).is_dir() and not (template / rel).is_symlink():
-                out.update(walk_files(template, rel))  # whiteout (or file) over a lower directory
+            lower = template / rel
+            if name in filenames or os.path.islink(os.path.join(dirpath, name)):
+                out.add(rel)
+                if lower.is_dir() and not lower.is_symlink():
+                    out.update(walk_files(template, rel))  # whiteout (or file) over a lower directory
+            elif lower.is_symlink() or lower.exists() and not lower.is_dir():
+                out.add(rel)  # a directory now where the template had a file
     return out
 
 

@@ -31,6 +31,9 @@ def make_template(root: Path, git: bool = False) -> Path:
     (tpl / "dir_to_remove").mkdir()
     (tpl / "dir_to_remove" / "x.txt").write_text("x\n")
     (tpl / "link").symlink_to("pkg/m.py")
+    (tpl / "becomes_dir.txt").write_text("file\n")
+    (tpl / "becomes_file").mkdir()
+    (tpl / "becomes_file" / "inner.txt").write_text("inner\n")
     if git:
         subprocess.run(["git", "init", "-q", str(tpl)], check=True)
         subprocess.run(["git", "-C", str(tpl), "add", "-A"], check=True)
@@ -55,6 +58,8 @@ EDITS = (
     "echo spaced > 'with space.txt'; "
     ": > empty.txt; "
     "ln -sf run.sh link; "
+    "rm becomes_dir.txt; mkdir becomes_dir.txt; echo in > becomes_dir.txt/inner; "
+    "rm -r becomes_file; echo now-a-file > becomes_file; "
     "mkdir -p pkg/__pycache__ && echo junk > pkg/__pycache__/m.cpython-311.pyc; "
     "mkdir .pytest_cache && echo junk > .pytest_cache/x; echo junk > stray.pyc"
 )
