@@ -159,7 +159,8 @@ PYFUNCS: tuple[tuple[str, str, str, list[tuple[tuple[Any, ...], Any]]], ...] = (
     ("is_empty", "is_empty(xs)", "returns True if the list xs is empty", [(([],), True), (([1],), False)]),
 )
 
-_CHECKER = """import sys
+_CHECKER = """import os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script dir out
 nonce = sys.stdin.readline().strip()
 passed = 0
 cases = {cases!r}
