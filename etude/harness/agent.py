@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from etude.errors import EtudeError
 from etude.harness.config import HarnessConfig
@@ -48,8 +49,10 @@ def run_on_repo(
     trajectory_path: Path | None = None,
     sandbox_backend: str = "bwrap",
     on_turn: Callable[[Turn], None] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> AgentRun:
-    """One agent episode on `repo`; returns the trajectory and the patch (applied if asked)."""
+    """One agent episode on `repo`; returns the trajectory and the patch (applied if asked).
+    `meta` goes into the trajectory (the CLI records the repo, server and session there)."""
     from etude.sandbox import Workspace, make_sandbox
 
     repo = _check_repo(repo)
@@ -57,7 +60,8 @@ def run_on_repo(
     with Workspace.create(repo) as ws:
         sandbox = make_sandbox(ws.path, sandbox_config(sandbox_backend))
         ctx = ToolContext(workspace=ws.path, sandbox=sandbox)
-        traj = run_agent(policy, request, ctx, config, trajectory_path=path, diff_fn=ws.diff, on_turn=on_turn)
+        traj = run_agent(policy, request, ctx, config, trajectory_path=path, diff_fn=ws.diff, on_turn=on_turn,
+                         meta={"repo": str(repo), **(meta or {})})
     applied = False
     if apply and traj.diff:
         apply_patch(repo, traj.diff)
@@ -99,6 +103,49 @@ def _check_repo(repo: Path) -> Path:
     return repo.resolve()
 
 
+def edit_feedback(trajectory_path: Path, repo: Path | None = None, *, base_url: str | None = None,
+                  api_key: str | None = None, send: bool = True) -> dict[str, Any]:
+    """How much of what the agent wrote (its successful edit_file/write_file calls) is still in
+    the repository now. With a server, each turn that wrote something gets its own
+    `edit_persistence` event on that turn's interaction (the response id), so credit goes to the
+    generation that made the edit; without ids, on the recorded session.
+    -> {"score", "reverted", "per_file", "ranges", "delay_s", "reported": [events]}."""
+    import time
+
+    from etude.feedback.client import edits_from_trajectory, measure_edit_persistence
+    from etude.harness.record import load_trajectory
+
+    traj = load_trajectory(trajectory_path)
+    repo = _check_repo(repo or Path(traj.meta.get("repo") or "."))
+    delay = round(time.time() - Path(trajectory_path).stat().st_mtime, 1)  # last written when the episode ended
+    report = measure_edit_persistence(repo, edits_from_trajectory(traj))
+    out: dict[str, Any] = {"score": report.score, **report.data(delay), "reported": []}
+    base_url = base_url or traj.meta.get("base_url")
+    if send and base_url:
+        out["reported"] = _report_per_turn(traj, repo, base_url, api_key or "none", delay)
+    return out
+
+
+def _report_per_turn(traj: Trajectory, repo: Path, base_url: str, api_key: str, delay: float) -> list[dict[str, Any]]:
+    import dataclasses
+
+    from etude.feedback.client import edits_from_trajectory, measure_edit_persistence, report_feedback
+
+    sid = traj.meta.get("session_id")
+    events = []
+    for turn in traj.turns:
+        edits = edits_from_trajectory(dataclasses.replace(traj, turns=(turn,)))
+        if not edits:
+            continue
+        iid = getattr(turn.generation, "response_id", None)
+        if not iid and not sid:
+            raise EtudeError("the trajectory names no interaction or session to attach feedback to")
+        rep = measure_edit_persistence(repo, edits)
+        events.append(report_feedback(base_url, api_key, iid, "edit_persistence", rep.score, rep.data(delay),
+                                      session_id=None if iid else sid))
+    return events
+
+
 def summary(run: AgentRun) -> str:
     t = run.trajectory
     calls = len(t.tool_calls)
@@ -108,6 +155,8 @@ def summary(run: AgentRun) -> str:
         f"tokens: prompt {t.prompt_tokens}, completion {t.completion_tokens} ({t.meta.get('token_counts')}) · {t.wall_s:.1f} s",
         f"patch: {files} file(s){' applied' if run.applied else ''} · trajectory: {run.trajectory_path}",
     ]
+    if t.meta.get("session_id"):
+        lines.append(f"session: {t.meta['session_id']} (later: etude agent-feedback --trajectory {run.trajectory_path})")
     if t.meta.get("error"):
         lines.append(f"error: {t.meta['error']}")
     return "\n".join(lines)

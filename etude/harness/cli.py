@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from etude.errors import EtudeError
 def register(app: typer.Typer) -> None:
     app.command("parse")(parse)
     app.command("agent")(agent)
+    app.command("agent-feedback")(agent_feedback)
 
 
 def parse(
@@ -47,6 +49,7 @@ def agent(
     temperature: Annotated[float | None, typer.Option("--temperature", help="sampling temperature")] = None,
     trajectory: Annotated[Path | None, typer.Option("--trajectory", help="trajectory JSONL file (default under ETUDE_HOME/trajectories)")] = None,
     sandbox: Annotated[str, typer.Option("--sandbox", help="bwrap | unsandboxed (no isolation at all)")] = "bwrap",
+    session: Annotated[str | None, typer.Option("--session", help="session id sent to the server (x-etude-session); default: a new one")] = None,
 ) -> None:
     """Run a coding agent on your repository: prints the patch (or applies it with --apply) and a summary."""
     from rich.console import Console
@@ -54,14 +57,16 @@ def agent(
     from etude.harness.agent import run_on_repo, summary
 
     err = Console(stderr=True)
-    request, repo, pol = _resolve(request, repo, policy, script, example, base_url, model, api_key, apply)
+    session = session or f"agent-{uuid.uuid4().hex[:12]}"
+    request, repo, pol = _resolve(request, repo, policy, script, example, base_url, model, api_key, apply, session)
+    meta = {"base_url": base_url, "session_id": session} if base_url else {}
     config = _config(max_steps, max_tokens, time_limit, temperature)
     with err.status("agent: step 1", spinner="dots") as status:
         def on_turn(turn) -> None:
             status.update(f"agent: step {turn.index + 2} · {len(turn.tool_executions)} tool call(s) in step {turn.index + 1}")
 
         run = run_on_repo(pol, request, repo, config, apply=apply, trajectory_path=trajectory,
-                          sandbox_backend=sandbox, on_turn=on_turn)
+                          sandbox_backend=sandbox, on_turn=on_turn, meta=meta)
     if not apply and run.patch:
         sys.stdout.write(run.patch if run.patch.endswith("\n") else run.patch + "\n")
     err.print(summary(run), highlight=False, markup=False, soft_wrap=True)
@@ -69,7 +74,8 @@ def agent(
         raise EtudeError(run.trajectory.meta.get("error") or "the agent stopped on an error")
 
 
-def _resolve(request, repo, policy, script, example, base_url, model, api_key, apply):
+def _resolve(request: str | None, repo: Path | None, policy: str, script: Path | None, example: bool,
+             base_url: str | None, model: str | None, api_key: str | None, apply: bool, session: str) -> tuple:
     """-> (request, repo, policy object) from the command line, with clear errors."""
     from etude.harness.agent import EXAMPLE_REPO, EXAMPLE_SESSION
     from etude.policy import POLICIES, make_policy
@@ -101,14 +107,27 @@ def _resolve(request, repo, policy, script, example, base_url, model, api_key, a
     if data is not None:
         pol = make_policy("scripted", outputs=data["outputs"])
     elif policy == "openai":
-        pol = make_policy("openai", base_url=base_url, model=model, api_key=api_key)
+        pol = make_policy("openai", base_url=base_url, model=model, api_key=api_key, extra_headers={"x-etude-session": session})
     else:
         pol = make_policy(policy, **({"model": model} if model else {}))
     return request, repo, pol
 
 
-def _config(max_steps, max_tokens, time_limit, temperature):
+def _config(max_steps: int | None, max_tokens: int | None, time_limit: float | None, temperature: float | None):
     from etude.harness.config import HarnessConfig
 
     changes = {"max_steps": max_steps, "max_tokens_per_turn": max_tokens, "time_limit_s": time_limit, "temperature": temperature}
     return HarnessConfig(**{k: v for k, v in changes.items() if v is not None})
+
+
+def agent_feedback(
+    trajectory: Annotated[Path, typer.Option("--trajectory", help="the trajectory file of an `etude agent` run")],
+    repo: Annotated[Path | None, typer.Option("--repo", help="the repository (default: the one recorded in the trajectory)")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="server to report to (default: the one the agent used)")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ETUDE_API_KEY", help="API key for the server")] = None,
+    send: Annotated[bool, typer.Option("--send/--no-send", help="report to the server, or only measure")] = True,
+) -> None:
+    """Measure how much of the agent's edits survive in the repository now; report it to the server."""
+    from etude.harness.agent import edit_feedback
+
+    print(json.dumps(edit_feedback(trajectory, repo, base_url=base_url, api_key=api_key, send=send)))

@@ -59,7 +59,8 @@ class HarnessConfig:
         object.__setattr__(self, "tools", tuple(self.tools))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """JSON-shaped (tuples as lists), so a trajectory reads back equal to what was written."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     def replace(self, **changes: Any) -> HarnessConfig:
         return dataclasses.replace(self, **changes)

@@ -49,9 +49,12 @@ def run_agent(
     diff_fn: Callable[[], str] | None = None,
     history: Sequence[Message] | None = None,
     on_turn: Callable[[Turn], None] | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> Trajectory:
-    """Run one episode of `policy` on `request` in the workspace of `ctx`; see the module doc."""
+    """Run one episode of `policy` on `request` in the workspace of `ctx`; see the module doc.
+    `on_turn` is called after each turn (progress display); `meta` seeds `Trajectory.meta`."""
     ep = _Episode(policy, request, ctx, config or HarnessConfig(), task_id, history or ())
+    ep.meta.update(meta or {})
     writer = TrajectoryWriter(trajectory_path) if trajectory_path else None
     try:
         while ep.stop is None:

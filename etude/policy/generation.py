@@ -18,3 +18,4 @@ class NativeGeneration(Generation):
     tool_call_errors: tuple[str, ...] = ()  # one per malformed entry of the response's tool_calls
     prompt_tokens: int | None = None  # usage.prompt_tokens, when the server reports it
     completion_tokens: int | None = None  # usage.completion_tokens
+    response_id: str | None = None  # the response `id` (on etude serve: the interaction id feedback refers to)

@@ -78,6 +78,7 @@ class OpenAIPolicy:
             finish_reason=str(choice.get("finish_reason") or "stop"),
             policy_id=self.id, policy_version=self.version, latency_s=latency,
             prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+            response_id=resp.get("id") or None,
         )
 
 

@@ -235,3 +235,18 @@ def test_edits_run_alone_and_in_order(ctx, ws, monkeypatch):
     assert [x.result.ok for x in t.turns[0].tool_executions] == [True] * 4
     assert (ws / "pkg" / "a.py").read_text() == "def f():\n    return 100\n"  # second edit saw the first
     assert state["max_active_mutating"] == 1
+
+
+def test_trajectory_file_loads_back_into_objects(ctx, tmp_path):
+    from etude.harness.record import load_trajectory
+
+    path = tmp_path / "t.jsonl"
+    outputs = [call("read_file", path="pkg/a.py") + "<tool_call>{bad</tool_call>",
+               {"tool_calls": [{"name": "list_dir", "arguments": {"path": "pkg"}}]},
+               Generation(text="ok", prompt_token_ids=(1, 2), token_ids=(3,), logprobs=(-0.5,))]
+    t = run_agent(ScriptedPolicy(outputs), "go", ctx, trajectory_path=path, meta={"session_id": "s"})
+    back = load_trajectory(path)
+    assert back == t and back.to_dict() == t.to_dict()
+    assert back.broken_calls == 1 and back.turns[2].generation.logprobs == (-0.5,) and back.meta["session_id"] == "s"
+    with pytest.raises(EtudeError, match="no episode nope"):
+        load_trajectory(path, "nope")

@@ -11,6 +11,7 @@ import pytest
 
 from etude.errors import EtudeError
 from etude.harness import run_agent
+from etude.harness.agent import edit_feedback
 from etude.policy import make_policy
 from etude.policy.openai_http import OpenAIPolicy, to_openai_messages
 from etude.policy.scripted import ScriptedPolicy
@@ -60,7 +61,10 @@ class _Server:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization"),
                                        "x": self.headers.get("X-Test")})
-                status, payload = outer.replies.pop(0) if outer.replies else (200, _resp("done"))
+                if self.path.endswith("/feedback"):
+                    status, payload = 200, {"id": "fb-1", **body}
+                else:
+                    status, payload = outer.replies.pop(0) if outer.replies else (200, _resp("done"))
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -80,14 +84,14 @@ class _Server:
         self.httpd.server_close()
 
 
-def _resp(content, tool_calls=None, logprobs=None, finish="stop"):
+def _resp(content, tool_calls=None, logprobs=None, finish="stop", id="chatcmpl-1"):
     msg = {"role": "assistant", "content": content}
     if tool_calls:
         msg["tool_calls"] = tool_calls
     choice = {"index": 0, "message": msg, "finish_reason": finish}
     if logprobs:
         choice["logprobs"] = {"content": [{"token": f"t{i}", "logprob": lp, "bytes": None, "top_logprobs": []} for i, lp in enumerate(logprobs)]}
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice],
+    return {"id": id, "object": "chat.completion", "created": 0, "model": "m", "choices": [choice],
             "usage": {"prompt_tokens": 120, "completion_tokens": 7, "total_tokens": 127}}
 
 
@@ -152,3 +156,22 @@ def test_unreachable_server_is_an_etude_error():
         port = s.getsockname()[1]
     with pytest.raises(EtudeError, match="cannot reach the model server"):
         OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "m", max_retries=0, timeout_s=5).generate([Message("user", "hi")], [])
+
+
+def test_edit_feedback_reports_persistence_on_the_editing_interaction(server, ctx, ws, tmp_path):
+    """The `etude agent-feedback` path: the agent's edit, measured later in the repo, reported to the server."""
+    edit = '{"path": "pkg/a.py", "old_str": "return 1", "new_str": "return compute_the_answer()"}'
+    srv = server([(200, _resp("", [_tc("c1", "edit_file", edit)], id="int-1")), (200, _resp("Done.", id="int-2"))])
+    path = tmp_path / "t.jsonl"
+    run_agent(OpenAIPolicy(srv.url, "m", max_retries=0), "go", ctx, trajectory_path=path,
+              meta={"repo": str(ws), "base_url": srv.url, "session_id": "s-1"})
+    kept = edit_feedback(path, send=False)
+    assert kept["score"] == 1.0 and kept["reverted"] is False and kept["reported"] == []
+    (ws / "pkg" / "a.py").write_text("def f():\n    return 1\n")  # the user reverted it
+    out = edit_feedback(path, api_key="k1")
+    assert out["score"] < 0.5 and out["reverted"] is True
+    sent = srv.requests[-1]
+    assert sent["path"] == "/v1/feedback" and sent["auth"] == "Bearer k1"
+    assert [r["path"] for r in srv.requests].count("/v1/feedback") == 1  # only the turn that edited
+    assert sent["body"]["interaction_id"] == "int-1" and sent["body"]["kind"] == "edit_persistence"
+    assert sent["body"]["value"] == out["score"] and out["reported"][0]["id"] == "fb-1"
