@@ -39,7 +39,8 @@ def bwrap_exe() -> str:
 
 @functools.cache
 def _synthetic_etc(uid: int, gid: int) -> Path:
-    """A private directory with passwd/group/hosts naming only the sandbox user."""
+    """A private /etc: passwd/group/hosts naming only the sandbox user, and empty mount points
+    for the harmless host files bound over them (one directory bind instead of one per file)."""
     d = Path(tempfile.mkdtemp(prefix=f"etude-etc-{os.getpid()}-"))
     atexit.register(shutil.rmtree, d, True)
     (d / "passwd").write_text(f"root:x:0:0:root:/root:/bin/sh\nagent:x:{uid}:{gid}:agent:/tmp:/bin/sh\n")
@@ -48,7 +49,15 @@ def _synthetic_etc(uid: int, gid: int) -> Path:
     (d / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files\n")
     for f in d.iterdir():
         f.chmod(0o444)
+    for host in _present_etc_files():
+        name = host.removeprefix("/etc/")
+        (d / name).mkdir() if os.path.isdir(host) else (d / name).touch(0o444)
     return d
+
+
+@functools.cache
+def _present_etc_files() -> tuple[str, ...]:
+    return tuple(p for p in _ETC_PASSTHROUGH if os.path.exists(p))
 
 
 def interpreter_prefix() -> str:
@@ -82,10 +91,8 @@ def _fs_args(cfg: SandboxConfig) -> list[str]:
     if cfg.tmp_mb:
         a += ["--size", str(cfg.tmp_mb * 1024 * 1024)]
     a += ["--tmpfs", "/tmp"]
-    etc = _synthetic_etc(cfg.uid, cfg.gid)
-    for f in sorted(etc.iterdir()):
-        a += ["--ro-bind", str(f), f"/etc/{f.name}"]
-    for p in _ETC_PASSTHROUGH:
+    a += ["--ro-bind", str(_synthetic_etc(cfg.uid, cfg.gid)), "/etc"]
+    for p in _present_etc_files():
         a += ["--ro-bind-try", p, p]
     for p in ro_bind_paths(cfg):
         a += ["--ro-bind", p, p]
