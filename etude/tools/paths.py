@@ -151,8 +151,9 @@ def read_bytes(root: Path, real: Path, max_bytes: int) -> bytes:
 def write_bytes(root: Path, real: Path, data: bytes) -> bool:
     """Write (create or replace) a file that `resolve` returned, making parent directories.
 
-    Returns True when the file was created. I open without O_TRUNC and truncate only after the
-    descriptor is checked, so a refused write leaves the old contents alone."""
+    Returns True when the file was created. I open without O_TRUNC and change the file only after
+    the descriptor is checked, so a refused write leaves the old contents alone. Not atomic: a
+    crash mid-write leaves a mix of old and new bytes (workspaces are per episode)."""
     name = shown(root, real)
     if real.is_dir():
         raise ToolError(f"{name} is a directory; give a file path", kind="is_directory")
@@ -165,6 +166,9 @@ def write_bytes(root: Path, real: Path, data: bytes) -> bool:
         _check_fd(fd, root, name)
         _check_regular(fd, name)
         os.set_blocking(fd, True)
-        os.ftruncate(fd, 0)
+        # Overwrite, then cut the old tail: truncating to 0 first makes ext4 flush the file on
+        # close (its replace-via-truncate heuristic), ~6 ms for 280 KB against ~0.02 ms.
         f.write(data)
+        f.flush()
+        os.ftruncate(fd, len(data))
     return created

@@ -221,3 +221,12 @@ def test_fast_diff_applies_back_exactly() -> None:
         rows = unified_rows(a, b, "f")
         assert (rows == []) == (a == b)
         assert _apply(a, rows) == b
+
+
+def test_overwrite_with_shorter_and_longer_content(ctx: ToolContext, ws: Path) -> None:
+    """Writes overwrite in place then cut the tail: no stale bytes may survive a shorter write."""
+    for content in ("a" * 1000, "short", "", "longer again\n" * 10):
+        assert run_tool("write_file", {"path": "f.txt", "content": content}, ctx).ok
+        assert (ws / "f.txt").read_text() == content
+    assert run_tool("edit_file", {"path": "f.txt", "old_str": "longer again\n" * 10, "new_str": "x"}, ctx).ok
+    assert (ws / "f.txt").read_text() == "x"
