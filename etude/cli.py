@@ -48,15 +48,46 @@ def version() -> None:
     print(__version__)
 
 
-def _register_all() -> None:
-    for comp in COMPONENTS:
-        name = f"etude.{comp}.cli"
-        if importlib.util.find_spec(f"etude.{comp}") is None or importlib.util.find_spec(name) is None:
-            continue  # component not built yet
-        importlib.import_module(name).register(app)
+# Which component owns each top-level command. A command listed here imports only its own
+# component's CLI (so `etude tool …` does not pay for scipy or sqlalchemy); anything else —
+# `--help`, a command not listed — registers every component.
+COMMAND_OWNERS = {
+    "sandbox": "sandbox",
+    "tool": "tools",
+    "parse": "harness",
+    "agent": "harness",
+    "agent-feedback": "harness",
+    "tasks": "tasks",
+    "grade": "envs",
+    "train": "train",
+    "eval": "evals",
+    "serve": "serve",
+    "keys": "serve",
+    "registry": "serve",
+    "ab": "experiments",
+    "loop": "loop",
+    "demo": "demo",
+}
 
 
-_register_all()
+def _register(comp: str) -> None:
+    name = f"etude.{comp}.cli"
+    if importlib.util.find_spec(f"etude.{comp}") is None or importlib.util.find_spec(name) is None:
+        return  # component not built yet
+    importlib.import_module(name).register(app)
+
+
+def _register_for(argv: list[str]) -> None:
+    first = next((a for a in argv[1:] if not a.startswith("-")), None)
+    owner = COMMAND_OWNERS.get(first or "")
+    if owner and "--help" not in argv[1:2]:
+        _register(owner)
+    else:
+        for comp in COMPONENTS:
+            _register(comp)
+
+
+_register_for(sys.argv)
 
 
 def main() -> None:
