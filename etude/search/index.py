@@ -36,9 +36,10 @@ import numpy as np
 from etude.errors import EtudeError
 from etude.search.chunking import Chunk, chunk_file
 from etude.search.embed import Embedder, get_embedder
-from etude.search.lexical import BM25, term_counts
+from etude.search.lexical import term_counts
 from etude.search.rank import Hit, RankConfig, rank
 from etude.search.store import SCHEMA_VERSION, EmbeddingCache, FileRecord, IndexDB, text_key
+from etude.search.view import View, update
 
 SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "site-packages", "build", "dist", "target"})
 TEXT_SUFFIXES = frozenset(
@@ -53,6 +54,7 @@ class SearchConfig:
 
     embedder: str | None = None  # embedder spec (see embed.get_embedder); None: $ETUDE_SEARCH_EMBEDDER or minilm
     max_file_bytes: int = 1_000_000  # bigger files are skipped (generated data, vendored bundles)
+    suffixes: tuple[str, ...] | None = None  # file suffixes to index (".py", ...); None: TEXT_SUFFIXES
     embed_chars: int = 1200  # characters of a chunk given to the embedder (the model truncates further)
     embed_batch: int = 256  # chunks per embedding call (the progress bar advances per call)
     rank: RankConfig = field(default_factory=RankConfig)
@@ -94,7 +96,9 @@ class SearchIndex:
         self.root, self.embedder, self.config = root, embedder, config
         self.db, self.cache, self.files = db, cache, dict(files)
         self.lock = threading.RLock()
-        self._stacked: _Stacked | None = None
+        self._view: View | None = None
+        self._version = 0  # bumped whenever `files` changes content; the view remembers which it saw
+        self._view_version = -1
 
     # -- refresh -------------------------------------------------------------------------------
 
@@ -102,7 +106,7 @@ class SearchIndex:
         """Bring the index up to date with the files on disk; returns what changed."""
         with self.lock:
             t0 = time.perf_counter()
-            seen = scan(self.root, self.config.max_file_bytes)
+            seen = scan(self.root, self.config.max_file_bytes, self.config.suffixes)
             removed = [p for p in self.files if p not in seen]
             changed, touched = self._changed_files(seen)
             records, embedded, cached = self._build_records(changed)
@@ -113,7 +117,7 @@ class SearchIndex:
             if self.db is not None and (records or removed or touched):
                 self.db.write(records, removed, touched)
             if records or removed:
-                self._stacked = None
+                self._version += 1
             return RefreshStats(len(self.files), sum(r.n for r in self.files.values()), len(records), len(removed),
                                 embedded, cached, time.perf_counter() - t0)
 
@@ -185,50 +189,23 @@ class SearchIndex:
         if not isinstance(query, str) or not query.strip():
             raise EtudeError("query is empty; describe the code you are looking for")
         with self.lock:
-            st = self._stack()
-            if st.vecs.shape[0] == 0:
+            view = self.view()
+            if view.n == 0:
                 return []
             qvec = self.embedder.embed([query], query=True)[0]
-            return rank(query, qvec, st.vecs, st.bm25, st.paths, st.starts, st.ends, st.symbols, st.kinds,
-                        k, self.config.rank)
+            return rank(query, qvec, view, k, self.config.rank)
 
-    def _stack(self) -> _Stacked:
-        if self._stacked is None:
-            self._stacked = _Stacked.build(self.files, self.embedder.dim)
-        return self._stacked
+    def view(self) -> View:
+        """The flat arrays queries rank, brought up to date with `files` (cheaply after small edits)."""
+        with self.lock:
+            if self._view is None or self._view_version != self._version:
+                self._view = update(self._view, self.files, self.embedder.dim)
+                self._view_version = self._version
+            return self._view
 
     @property
     def n_chunks(self) -> int:
         return sum(r.n for r in self.files.values())
-
-
-@dataclass(frozen=True)
-class _Stacked:
-    """All files' chunks as flat arrays, rebuilt after a refresh that changed something."""
-
-    vecs: np.ndarray  # [n, dim] float32
-    bm25: BM25
-    paths: list[str]  # [n]
-    starts: np.ndarray  # [n]
-    ends: np.ndarray  # [n]
-    symbols: list[str]  # [n]
-    kinds: list[str]  # [n]
-
-    @classmethod
-    def build(cls, files: dict[str, FileRecord], dim: int) -> _Stacked:
-        recs = [(p, files[p]) for p in sorted(files) if files[p].n]
-        if not recs:
-            z = np.zeros(0, np.int32)
-            return cls(np.zeros((0, dim), np.float32), BM25.build([]), [], z, z, [], [])
-        return cls(
-            vecs=np.concatenate([r.vecs for _, r in recs]),
-            bm25=BM25.build([t for _, r in recs for t in r.terms]),
-            paths=[p for p, r in recs for _ in range(r.n)],
-            starts=np.concatenate([r.starts for _, r in recs]),
-            ends=np.concatenate([r.ends for _, r in recs]),
-            symbols=[s for _, r in recs for s in r.symbols],
-            kinds=[s for _, r in recs for s in r.kinds],
-        )
 
 
 def embed_text(chunk: Chunk, max_chars: int) -> str:
@@ -257,22 +234,25 @@ def _read(path: Path) -> bytes | None:
     return None if b"\0" in data[:8192] else data
 
 
-def scan(root: Path, max_file_bytes: int) -> dict[str, tuple[int, int]]:
+def scan(root: Path, max_file_bytes: int, suffixes: tuple[str, ...] | None = None) -> dict[str, tuple[int, int]]:
     """Candidate files under `root`: relative path -> (size, mtime_ns). Symlinks are not followed."""
+    wanted = frozenset(suffixes) if suffixes is not None else TEXT_SUFFIXES
     out: dict[str, tuple[int, int]] = {}
+    base = str(root)
     stack = [""]
     while stack:
         rel_dir = stack.pop()
         try:
-            entries = list(os.scandir(root / rel_dir if rel_dir else root))
+            entries = list(os.scandir(os.path.join(base, rel_dir) if rel_dir else base))
         except OSError:
             continue
         for e in entries:
-            rel = f"{rel_dir}/{e.name}" if rel_dir else e.name
+            name = e.name
+            rel = f"{rel_dir}/{name}" if rel_dir else name
             if e.is_dir(follow_symlinks=False):
-                if not e.name.startswith(".") and e.name not in SKIP_DIRS and not e.name.endswith(".egg-info"):
+                if name[0] != "." and name not in SKIP_DIRS and not name.endswith(".egg-info"):
                     stack.append(rel)
-            elif e.is_file(follow_symlinks=False) and os.path.splitext(e.name)[1].lower() in TEXT_SUFFIXES:
+            elif os.path.splitext(name)[1].lower() in wanted and e.is_file(follow_symlinks=False):
                 st = e.stat(follow_symlinks=False)
                 if st.st_size <= max_file_bytes:
                     out[rel] = (st.st_size, st.st_mtime_ns)

@@ -77,12 +77,15 @@ def term_counts(text: str) -> tuple[np.ndarray, np.ndarray]:
     return ids[order], cnt[order]
 
 
-@dataclass
+@dataclass(frozen=True)
 class BM25:
-    """Okapi BM25 over a (chunks x N_BUCKETS) CSC matrix of term counts."""
+    """Okapi BM25 over one or more (chunks x N_BUCKETS) CSC matrices of term counts.
 
-    matrix: object  # scipy.sparse.csc_matrix, float32 counts
-    doc_len: np.ndarray  # [n_chunks] terms per chunk
+    Several parts score as one corpus (shared N, average length and document frequencies),
+    so a small matrix of recently edited files can sit beside a big one without rebuilding it.
+    """
+
+    parts: tuple[tuple[object, np.ndarray], ...]  # (scipy csc_matrix float32, [rows] terms per chunk)
     k1: float = 1.2
     b: float = 0.75
 
@@ -95,24 +98,28 @@ class BM25:
         ids = np.concatenate([r[0] for r in rows]) if rows else np.zeros(0, np.int32)
         cnt = np.concatenate([r[1] for r in rows]).astype(np.float32) if rows else np.zeros(0, np.float32)
         m = csr_matrix((cnt, ids, indptr), shape=(len(rows), N_BUCKETS)).tocsc()
-        doc_len = np.asarray(m.sum(axis=1)).ravel().astype(np.float32)
-        return cls(matrix=m, doc_len=doc_len)
+        # NOTE: not m.sum(axis=1): on a CSC matrix that is a product with a 2**20 vector of ones.
+        doc_len = np.bincount(np.repeat(np.arange(len(rows)), lengths), weights=cnt, minlength=len(rows))
+        return cls(parts=((m, doc_len.astype(np.float32)),))
+
+    def joined(self, other: BM25) -> BM25:
+        return BM25(parts=self.parts + other.parts, k1=self.k1, b=self.b)
 
     def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every chunk for `query` (zeros where no term matches)."""
-        m = self.matrix
-        n = m.shape[0]
-        out = np.zeros(n, np.float32)
+        """BM25 score of every chunk (parts in order) for `query`; zeros where no term matches."""
+        n = sum(m.shape[0] for m, _ in self.parts)
+        out = [np.zeros(m.shape[0], np.float32) for m, _ in self.parts]
         if n == 0:
-            return out
-        avg = float(self.doc_len.mean()) or 1.0
-        norm = self.k1 * (1 - self.b + self.b * self.doc_len / avg)
+            return np.zeros(0, np.float32)
+        avg = float(sum(d.sum() for _, d in self.parts) / n) or 1.0
+        norms = [self.k1 * (1 - self.b + self.b * d / avg) for _, d in self.parts]
         for col in sorted({term_id(t) for t in tokenize(query)}):
-            lo, hi = m.indptr[col], m.indptr[col + 1]
-            if lo == hi:
+            spans = [(m.indptr[col], m.indptr[col + 1]) for m, _ in self.parts]
+            df = sum(int(hi - lo) for lo, hi in spans)
+            if df == 0:
                 continue
-            rows, tf = m.indices[lo:hi], m.data[lo:hi]
-            df = hi - lo
             idf = np.log1p((n - df + 0.5) / (df + 0.5))
-            out[rows] += idf * tf * (self.k1 + 1) / (tf + norm[rows])
-        return out
+            for (m, _), (lo, hi), norm, acc in zip(self.parts, spans, norms, out, strict=True):
+                rows, tf = m.indices[lo:hi], m.data[lo:hi]
+                acc[rows] += idf * tf * (self.k1 + 1) / (tf + norm[rows])
+        return np.concatenate(out)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from etude.search.lexical import BM25
+from etude.search.view import DEAD, View
 
 _CODE_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
@@ -59,22 +59,26 @@ def named_identifiers(query: str) -> set[str]:
     return out
 
 
-def rank(query: str, qvec: np.ndarray, vecs: np.ndarray, bm25: BM25, paths: list[str], starts: np.ndarray,
-         ends: np.ndarray, symbols: list[str], kinds: list[str], k: int, cfg: RankConfig) -> list[Hit]:
-    cos = vecs @ qvec.astype(np.float32)
-    lex = bm25.scores(query)
+def rank(query: str, qvec: np.ndarray, view: View, k: int, cfg: RankConfig) -> list[Hit]:
+    """The k best chunks of `view` for `query` (whose embedding is `qvec`)."""
+    if view.n == 0:
+        return []
+    cos = view.cosine(qvec)
+    lex = view.lexical(query)
     top_lex = float(lex.max()) if lex.size else 0.0
     lex_n = lex / top_lex if top_lex > 0 else lex
     cand = _candidates(cos, lex, cfg.pool)
-    pins = _pinned(query, symbols)
+    names = named_identifiers(query)
+    pins = view.rows_named(names) if names else np.zeros(0, np.int64)
     cand = np.union1d(cand, pins) if pins.size else cand
+    cand = cand[cos[cand] > DEAD]  # stale rows of edited files never come back
     score = cfg.semantic_weight * cos[cand] + cfg.lexical_weight * lex_n[cand]
     if pins.size:
         score = score + cfg.pin * np.isin(cand, pins)
     order = cand[np.argsort(-score, kind="stable")][:k]
     by_id = dict(zip(cand.tolist(), score.tolist(), strict=True))
-    return [Hit(paths[i], int(starts[i]), int(ends[i]), symbols[i], kinds[i], round(by_id[i], 4),
-                round(float(cos[i]), 4), round(float(lex_n[i]), 4)) for i in order.tolist()]
+    return [Hit(view.paths[i], int(view.starts[i]), int(view.ends[i]), view.symbols[i], view.kinds[i],
+                round(by_id[i], 4), round(float(cos[i]), 4), round(float(lex_n[i]), 4)) for i in order.tolist()]
 
 
 def _candidates(cos: np.ndarray, lex: np.ndarray, pool: int) -> np.ndarray:
@@ -86,11 +90,3 @@ def _candidates(cos: np.ndarray, lex: np.ndarray, pool: int) -> np.ndarray:
     if hits.size > pool:
         hits = hits[np.argpartition(-lex[hits], pool - 1)[:pool]]
     return np.union1d(sem, hits)
-
-
-def _pinned(query: str, symbols: list[str]) -> np.ndarray:
-    names = named_identifiers(query)
-    if not names:
-        return np.zeros(0, np.int64)
-    idx = [i for i, s in enumerate(symbols) if s and (s in names or s.rsplit(".", 1)[-1] in names)]
-    return np.array(idx, np.int64)

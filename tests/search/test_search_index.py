@@ -142,3 +142,24 @@ def test_bm25_prefers_the_document_with_rare_matching_terms():
     assert s[0] > s[2] > s[1] == 0
     assert "parse_config" in tokenize("parse_config") and "config" in tokenize("parseConfig")
     assert np.all(BM25.build([]).scores("x") == 0)
+
+
+def test_edits_are_seen_through_a_delta_without_restacking(tmp_path, make_repo, recorder):
+    files = {f"mod{i}.py": f"def helper_{i}(x):\n    return x * {i}\n\n\ndef other_{i}():\n    pass\n" for i in range(60)}
+    ws = make_repo(tmp_path / "many", files)
+    idx = open_index(ws, config=CFG)
+    idx.refresh()
+    main = idx.view().main
+    (ws / "mod7.py").write_text("def renamed_helper(x):\n    return x * 7\n")
+    (ws / "mod8.py").unlink()
+    idx.refresh()
+    assert idx.view().main is main and idx.view().delta is not None  # only the edited file was stacked
+    names = {h.symbol for h in idx.search("helper_7 other_8 renamed_helper", k=50)}
+    assert "renamed_helper" in names and "helper_7" not in names and "other_8" not in names
+    assert idx.search("helper_7", k=1)[0].symbol != "helper_7"  # the stale row is not pinned either
+    for i in range(20, 40):  # many files changed: the big block is rebuilt
+        (ws / f"mod{i}.py").write_text(f"def fresh_{i}():\n    pass\n")
+    idx.refresh()
+    view = idx.view()
+    assert view.main is not main and view.delta is None and not view.dead.any()
+    assert idx.search("fresh_25", k=1)[0].symbol == "fresh_25"
