@@ -59,7 +59,8 @@ def evaluate(cfg: TrainConfig, env: Env, policy: Any, problems: list[Problem], s
                                      temperature=cfg.eval_temperature, top_p=1.0, seed=10_007 + step)
     s = episodes_summary(eps)
     return {"kind": "eval", "step": step, "eval/resolved": s["resolved"], "eval/reward": s["reward"],
-            "eval/n": len(eps), "eval/successes": int(sum(e.resolved for e in eps))}
+            "eval/n": len(eps), "eval/successes": int(sum(e.resolved for e in eps)),
+            "eval/outcomes": [int(e.resolved) for e in eps]}
 
 
 class _Run:

@@ -175,7 +175,9 @@ class Dispatcher:
 def episodes_summary(eps: Sequence[Episode]) -> dict[str, float]:
     """Reward, each reward term, resolved rate and tokens of a list of episodes."""
     n = max(1, len(eps))
-    out = {"reward": sum(e.reward for e in eps) / n, "resolved": sum(e.resolved for e in eps) / n,
+    mean = sum(e.reward for e in eps) / n
+    var = sum((e.reward - mean) ** 2 for e in eps) / max(1, n - 1)
+    out = {"reward": mean, "reward_std": var**0.5, "resolved": sum(e.resolved for e in eps) / n,
            "completion_tokens": float(sum(e.completion_tokens for e in eps))}
     terms: dict[str, list[float]] = {}
     for e in eps:
