@@ -145,6 +145,32 @@ def release_patches(progress: Progress) -> tuple[list, list[str]]:
     return out, errors
 
 
+# Candidate enumeration runs libcst over every file and mutator (about a minute per package
+# here), so this list stays small.
+SYNTH_PACKAGES = ["tinydb==4.8.2", "isodate==0.7.2", "xmltodict==0.14.2", "schema==0.7.7"]
+
+
+def synth_patches(progress: Progress, per_package: int) -> tuple[list, list[str]]:
+    """Gold patches of synthesised bugs (reverse CST mutations), before test validation: the
+    same patches `etude tasks synth` would keep, and more."""
+    from etude.tasks.fetch import fetch_sdist, parse_spec
+    from etude.tasks.synth import SynthConfig, candidates
+
+    out, errors = [], []
+    job = progress.add_task("synth gold patches", total=len(SYNTH_PACKAGES) * per_package)
+    for spec in SYNTH_PACKAGES:
+        try:
+            root = fetch_sdist(*parse_spec(spec)).root
+            for k, cand in enumerate(candidates(root, SynthConfig(seed=0))):
+                if k >= per_package:
+                    break
+                out.append((f"{spec}: {cand.rel} {'+'.join(cand.mutators)} line {cand.lines[0]}", cand.patch, None))
+                progress.advance(job)
+        except Exception as e:  # noqa: BLE001 - report and keep going
+            errors.append(f"{spec}: {type(e).__name__}: {e}")
+    return out, errors
+
+
 def _split(patch: str) -> list[tuple[str, str]]:
     from etude.tasks.diffs import split_files
 
@@ -169,6 +195,7 @@ def main() -> None:
     ap.add_argument("--max-tasks", type=int, default=None)
     ap.add_argument("--no-suite", action="store_true")
     ap.add_argument("--no-releases", action="store_true")
+    ap.add_argument("--synth-per-package", type=int, default=40, help="0 skips synthesised gold patches")
     args = ap.parse_args()
     result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()}}
     with Progress(console=console) as progress:
@@ -180,6 +207,9 @@ def main() -> None:
         if not args.no_releases:
             patches, errors = release_patches(progress)
             result["release_diffs"] = {**measure(patches), "releases": [list(r) for r in RELEASES], "errors": errors}
+        if args.synth_per_package:
+            patches, errors = synth_patches(progress, args.synth_per_package)
+            result["synth_gold"] = {**measure(patches), "packages": SYNTH_PACKAGES, "errors": errors}
     result["honest_corpus"] = measure(corpus("honest"))
     hacks = measure(corpus("hacks"))
     result["hack_corpus_recall"] = {
@@ -190,7 +220,7 @@ def main() -> None:
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1) + "\n")
-    for key in ("builtin_suite_gold", "release_diffs", "honest_corpus"):
+    for key in ("builtin_suite_gold", "release_diffs", "synth_gold", "honest_corpus"):
         if key in result:
             r = result[key]
             console.print(f"{key}: {r['patches']} patches, ours flagged {r['ours_flagged']}, "

@@ -195,7 +195,7 @@ def is_edit(ex: ToolExecution) -> bool:
     return ex.call.name == "run_terminal" and bool(_EDIT_CMD.search(str(ex.call.arguments.get("command", ""))))
 
 
-def test_run_passed(ex: ToolExecution) -> bool:
+def run_passed(ex: ToolExecution) -> bool:
     """Exit code from result.meta["exit_code"]; failing that, read pytest/unittest output."""
     if not ex.result.ok:
         return False
@@ -217,7 +217,7 @@ def last_test_evidence(trajectory: Trajectory, task: Task | None = None) -> str:
         return "none"
     if edits and edits[-1] > runs[-1]:
         return "stale"
-    return "passed" if test_run_passed(calls[runs[-1]]) else "failed"
+    return "passed" if run_passed(calls[runs[-1]]) else "failed"
 
 
 @register_term("unsupported_claims")

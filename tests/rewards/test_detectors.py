@@ -93,3 +93,15 @@ def test_source_modules_named_tests_are_not_test_files() -> None:
     patch = "--- a/src/jinja2/tests.py\n+++ b/src/jinja2/tests.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
     assert detect_hacks(patch) == []
     assert [f.name for f in detect_hacks(patch.replace("tests.py", "test_env.py"))] == ["test_file_edit"]
+
+
+def test_eq_fallback_reads_lines_when_ast_cannot_parse() -> None:
+    from etude.rewards.detectors import _returns_constant
+
+    broken_sig = [
+        (1, "    def __eq__(self, other) -> (:", True),
+        (2, "        # always", True),
+        (3, "        return True", True),
+    ]
+    assert _returns_constant(broken_sig)
+    assert not _returns_constant([*broken_sig, (4, "        return self.v == other.v", True)])

@@ -71,9 +71,9 @@ def test_unsupported_claims(turns: tuple, final: str, want: float) -> None:
 
 def test_test_run_status_read_from_output_when_no_exit_code() -> None:
     run = ex("run_terminal", command="make test", output="FAILED tests/test_a.py::test_x\n1 failed")
-    assert T.is_test_run(run) and not T.test_run_passed(run)
+    assert T.is_test_run(run) and not T.run_passed(run)
     ok = ex("run_terminal", command="python -m unittest", output="Ran 3 tests in 0.01s\n\nOK")
-    assert T.test_run_passed(ok)
+    assert T.run_passed(ok)
     assert not T.is_test_run(ex("run_terminal", command="ls tests"))
     own = ex("run_terminal", command="cd /workspace && ./run_checks.sh", exit_code=0)
     assert not T.is_test_run(own) and T.is_test_run(own, task(test_cmd="./run_checks.sh"))
