@@ -46,6 +46,8 @@ PYTEST_ARGS = (
 
 @dataclass(frozen=True)
 class TestRun:
+    __test__ = False  # not a test class, whatever pytest thinks of the name
+
     status: dict[str, str]  # node id -> passed | failed | error | skipped | xfailed | xpassed
     messages: dict[str, str] = field(default_factory=dict)  # node id -> one-line failure message
     returncode: int = 0

@@ -6,7 +6,8 @@ each time in a fresh copy-on-write workspace. A test is
   * FAIL_TO_PASS when it passes in every gold run and fails, errors or is missing (its file does
     not even import at base) in every base run;
   * PASS_TO_PASS when it passes in every run of both states;
-  * flaky when its pass/fail outcome differs between runs of one state — excluded from both.
+  * flaky when its pass/fail outcome differs between runs of one state, or when it belongs to a
+    parametrized function whose ids change from run to run — excluded from both.
 Skipped and xfail tests are in neither. A task is kept only if FAIL_TO_PASS >= 1, PASS_TO_PASS >= 1
 and no run timed out. What this does not guarantee: that a test failing at base fails *because
 of* the bug (it may fail for an unrelated reason the gold patch also fixes).
@@ -75,18 +76,50 @@ def _ok(status: str) -> bool:
     return status == "passed"
 
 
+def _file(test_id: str) -> str:
+    return test_id.split("::", 1)[0]
+
+
+def _func(test_id: str) -> str:
+    return test_id.split("[", 1)[0]
+
+
+def unstable_functions(runs: Sequence[TestRun]) -> set[str]:
+    """Test functions whose parametrized ids change between runs (ids built from unordered data,
+    e.g. a set of objects): no id of theirs can be graded reliably."""
+    ids_by_run: list[dict[str, set[str]]] = []
+    for r in runs:
+        by_func: dict[str, set[str]] = {}
+        for t in r.status:
+            by_func.setdefault(_func(t), set()).add(t)
+        ids_by_run.append(by_func)
+    funcs = set().union(*ids_by_run) if ids_by_run else set()
+    return {f for f in funcs if len({frozenset(d[f]) for d in ids_by_run if f in d}) > 1}
+
+
+def _status_in(run: TestRun, test_id: str) -> str:
+    """The run's status for a test; "missing" only when its whole file reported nothing (it did
+    not import), "absent" when the file ran but this id was not among its tests."""
+    if test_id in run.status:
+        return run.status[test_id]
+    f = _file(test_id)
+    return "absent" if any(_file(t) == f for t in run.status) else "missing"
+
+
 def _bad(status: str) -> bool:
     return status in ("failed", "error", "missing")
 
 
 def classify(base: Sequence[TestRun], gold: Sequence[TestRun]) -> tuple[list[str], list[str], list[str]]:
     """(FAIL_TO_PASS, PASS_TO_PASS, flaky) from repeated runs of the two states."""
-    ids = sorted(set().union(*(r.status for r in [*base, *gold])))
+    runs = [*base, *gold]
+    ids = sorted(set().union(*(r.status for r in runs)))
+    unstable = unstable_functions(runs)
     f2p, p2p, flaky = [], [], []
     for t in ids:
-        b = [r.status.get(t, "missing") for r in base]
-        g = [r.status.get(t, "missing") for r in gold]
-        if len({_ok(s) for s in b}) > 1 or len({_ok(s) for s in g}) > 1:
+        b = [_status_in(r, t) for r in base]
+        g = [_status_in(r, t) for r in gold]
+        if _func(t) in unstable or len({_ok(s) for s in b}) > 1 or len({_ok(s) for s in g}) > 1:
             flaky.append(t)
         elif all(map(_ok, g)) and all(map(_bad, b)):
             f2p.append(t)
