@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -111,9 +110,9 @@ def bench_startup(ws: Path, repeats: int, prog: Progress) -> dict:
     task = prog.add_task("command start-up", total=repeats * len(cmds))
     for _ in range(repeats):
         for c in cmds:  # interleaved, so load drift hits all three alike
-            res[c]["bare"].append(timed(lambda: subprocess.run(cmds[c], capture_output=True, check=True)))
-            res[c]["sandbox"].append(timed(lambda: _ok(run(inside[c], workspace=ws, config=full))))
-            res[c]["sandbox_no_cgroup"].append(timed(lambda: _ok(run(inside[c], workspace=ws, config=nocg))))
+            res[c]["bare"].append(timed(lambda c=c: subprocess.run(cmds[c], capture_output=True, check=True)))
+            res[c]["sandbox"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=full))))
+            res[c]["sandbox_no_cgroup"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=nocg))))
             prog.advance(task)
     out = {}
     for c, r in res.items():
@@ -143,7 +142,7 @@ def bench_throughput(ws: Path, per_level: int, prog: Progress) -> dict:
         ):
             with ThreadPoolExecutor(n) as pool:
                 t = time.perf_counter()
-                list(pool.map(lambda _: fn(), range(per_level)))
+                list(pool.map(lambda _, fn=fn: fn(), range(per_level)))
                 row[f"{name}_per_s"] = round(per_level / (time.perf_counter() - t), 1)
             prog.advance(task)
         row["sandbox_over_bare"] = round(row["sandbox_per_s"] / row["bare_per_s"], 3)
@@ -215,6 +214,9 @@ def show(r: dict) -> None:
             f"sandbox {s[c]['sandbox_median_ms']} ms",
             f"bare {s[c]['bare_median_ms']} ms",
             f"+{s[c]['overhead_ms']} ms",
+        )
+        t.add_row(
+            "  without cgroups", f"{s[c]['sandbox_no_cgroup_median_ms']} ms", "", f"+{s[c]['overhead_no_cgroup_ms']} ms"
         )
     for n, row in r["throughput"].items():
         t.add_row(
