@@ -21,6 +21,7 @@ policy's token ids, else its reported usage, else an estimate of 4 characters pe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import uuid
@@ -61,7 +62,7 @@ def run_agent(
             before = len(ep.turns)
             ep.stop = ep.limit_reached() or ep.step()
             if writer:
-                writer.write(ep.trajectory())
+                writer.write(ep.snapshot())
             if on_turn and len(ep.turns) > before:
                 on_turn(ep.turns[-1])
         ep.finish(diff_fn)
@@ -69,7 +70,7 @@ def run_agent(
     finally:
         ep.close()
         if writer:
-            writer.write(ep.trajectory())  # the last word, also after an exception
+            writer.write(ep.snapshot())  # the last word, also after an exception
             writer.close()
 
 
@@ -95,6 +96,7 @@ class _Episode:
         self.t0 = time.monotonic()
         self.t_end: float | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._dicts: dict[str, list[dict[str, Any]]] = {"messages": [], "turns": []}
 
     # -- one turn
 
@@ -206,6 +208,15 @@ class _Episode:
             self._pool.shutdown(wait=True)
             self._pool = None
 
+    def snapshot(self) -> dict[str, Any]:
+        """`trajectory().to_dict()`, built incrementally: messages and turns are frozen and only
+        appended, so each is serialised once instead of on every step (that was quadratic)."""
+        traj = self.trajectory()
+        self._dicts["messages"].extend(m.to_dict() for m in self.messages[len(self._dicts["messages"]) :])
+        self._dicts["turns"].extend(t.to_dict() for t in self.turns[len(self._dicts["turns"]) :])
+        head = {f.name: getattr(traj, f.name) for f in dataclasses.fields(traj) if f.name not in self._dicts}
+        return {**head, **self._dicts}
+
     def trajectory(self) -> Trajectory:
         meta = dict(self.meta, complete=self.complete, token_counts="+".join(sorted(self.token_sources)) or "none")
         return Trajectory(
@@ -229,11 +240,12 @@ def _call_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
 
 
 def _schemas(cfg: HarnessConfig) -> list[dict[str, Any]]:
-    from etude.tools import TOOL_NAMES, tool_schemas
+    from etude.tools import available, tool_schemas
 
-    unknown = [n for n in cfg.tools if n not in TOOL_NAMES]
+    known = available()  # TOOL_NAMES whose module is installed (semantic_search may be absent)
+    unknown = [n for n in cfg.tools if n not in known]
     if unknown:
-        raise EtudeError(f"unknown tool(s) in HarnessConfig.tools: {', '.join(unknown)}; known: {', '.join(TOOL_NAMES)}")
+        raise EtudeError(f"unknown tool(s) in HarnessConfig.tools: {', '.join(unknown)}; available: {', '.join(known)}")
     schemas = list(tool_schemas(list(cfg.tools))) if cfg.tools else []
     return schemas + ([SUBMIT_SCHEMA] if cfg.allow_submit else [])
 

@@ -33,8 +33,10 @@ class TrajectoryWriter:
             size += 1
         self._offset = size
 
-    def write(self, traj: Trajectory) -> None:
-        data = (traj.to_json() + "\n").encode()
+    def write(self, traj: Trajectory | dict[str, Any]) -> None:
+        """Replace this episode's line with `traj` (a Trajectory or its `to_dict()`)."""
+        d = traj.to_dict() if isinstance(traj, Trajectory) else traj
+        data = (json.dumps(d, ensure_ascii=False) + "\n").encode()
         os.pwrite(self._fd, data, self._offset)
         os.ftruncate(self._fd, self._offset + len(data))
 
