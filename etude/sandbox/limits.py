@@ -84,7 +84,22 @@ def _probe(controller: str) -> Path | None:
         probe.rmdir()
     except OSError:
         return None
+    _sweep_stale(base)
     return base
+
+
+def _sweep_stale(base: Path) -> None:
+    """Remove cgroups left by etude processes that died without cleaning up (SIGKILL, crash)."""
+    for d in base.glob("etude-*-*"):
+        try:
+            owner = int(d.name.split("-")[1])
+            os.kill(owner, 0)
+            continue  # owner alive: not ours to touch
+        except ProcessLookupError:
+            pass
+        except (ValueError, PermissionError):
+            continue
+        Cgroup(dirs=[d]).destroy()
 
 
 @dataclass

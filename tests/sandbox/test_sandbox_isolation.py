@@ -253,3 +253,23 @@ def test_rlimits_are_set_soft_and_hard(ws: Path, monkeypatch: pytest.MonkeyPatch
     assert rows["Max file size"] == [str(3 << 20)] * 2
     assert rows["Max open files"] == ["55", "55"]
     assert rows["Max core file size"] == ["0", "0"]
+
+
+@pytest.mark.skipif(controller_base("pids") is None, reason="pids cgroup not writable here")
+def test_cgroups_left_by_a_killed_launcher_are_swept(ws: Path) -> None:
+    import subprocess
+    import sys
+
+    import etude.sandbox.limits as lim
+
+    code = (
+        "import os, sys\nfrom etude.sandbox import SandboxConfig\nfrom etude.sandbox.limits import Cgroup\n"
+        "cg = Cgroup.create(SandboxConfig())\nprint(*cg.dirs, flush=True)\nos._exit(9)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False).stdout.split()
+    left = [Path(p) for p in out]
+    assert left and all(p.is_dir() for p in left)
+    lim._sweep_stale(controller_base("pids"))  # what the first probe of a new process does
+    if controller_base("memory") is not None:
+        lim._sweep_stale(controller_base("memory"))
+    assert not any(p.exists() for p in left)
