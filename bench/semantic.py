@@ -210,6 +210,7 @@ def machine() -> dict:
 
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
+            "ETUDE_SEARCH_THREADS": os.environ.get("ETUDE_SEARCH_THREADS"),
             "sentence_transformers": sentence_transformers.__version__, "platform": platform.platform()}
 
 

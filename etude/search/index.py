@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,7 +57,8 @@ class SearchConfig:
     max_file_bytes: int = 1_000_000  # bigger files are skipped (generated data, vendored bundles)
     suffixes: tuple[str, ...] | None = None  # file suffixes to index (".py", ...); None: TEXT_SUFFIXES
     embed_chars: int = 1200  # characters of a chunk given to the embedder (the model truncates further)
-    embed_batch: int = 256  # chunks per embedding call (the progress bar advances per call)
+    embed_batch: int = 256  # chunks per embedding call; each batch is saved and the progress bar advances
+    tool_budget_s: float = 30.0  # the tool stops embedding after this long and says the index is incomplete
     rank: RankConfig = field(default_factory=RankConfig)
     progress: bool | None = None  # rich progress bar on stderr; None: only when stderr is a terminal
 
@@ -72,6 +74,7 @@ class RefreshStats:
     chunks_embedded: int
     chunks_from_cache: int
     seconds: float
+    files_pending: int = 0  # changed files left for the next refresh (the time budget ran out)
 
     def to_dict(self) -> dict[str, float | int]:
         return dict(self.__dict__)
@@ -102,24 +105,45 @@ class SearchIndex:
 
     # -- refresh -------------------------------------------------------------------------------
 
-    def refresh(self) -> RefreshStats:
-        """Bring the index up to date with the files on disk; returns what changed."""
+    def refresh(self, budget_s: float | None = None) -> RefreshStats:
+        """Bring the index up to date with the files on disk; returns what changed.
+
+        With `budget_s`, stops embedding once that many seconds have passed (after at least one
+        batch) and leaves the remaining files for the next call (`files_pending`): a first call
+        on a large repository then answers from what is indexed instead of blocking for minutes."""
         with self.lock:
             t0 = time.perf_counter()
             seen = scan(self.root, self.config.max_file_bytes, self.config.suffixes)
             removed = [p for p in self.files if p not in seen]
             changed, touched = self._changed_files(seen)
-            records, embedded, cached = self._build_records(changed)
             for p in removed:
                 del self.files[p]
             self.files.update(touched)
-            self.files.update(records)
-            if self.db is not None and (records or removed or touched):
-                self.db.write(records, removed, touched)
-            if records or removed:
+            if self.db is not None and (removed or touched):
+                self.db.write({}, removed, touched)
+            done, embedded, cached = self._index_changed(changed, t0, budget_s)
+            if done or removed:
                 self._version += 1
-            return RefreshStats(len(self.files), sum(r.n for r in self.files.values()), len(records), len(removed),
-                                embedded, cached, time.perf_counter() - t0)
+            return RefreshStats(len(self.files), sum(r.n for r in self.files.values()), done, len(removed),
+                                embedded, cached, time.perf_counter() - t0, len(changed) - done)
+
+    def _index_changed(self, changed: dict[str, tuple], t0: float, budget_s: float | None) -> tuple[int, int, int]:
+        """Chunk, embed and store `changed` files batch by batch; returns (files done, embedded, cached)."""
+        chunks = {rel: chunk_file(rel, data) for rel, (_, _, _, data) in changed.items()}
+        total = sum(len(cs) for cs in chunks.values())
+        show = self.config.progress if self.config.progress is not None else (sys.stderr.isatty() and total > 1000)
+        done = embedded = cached = 0
+        with _progress(show, total, f"indexing {len(chunks)} files ({total} chunks)") as advance:
+            for group in _groups(chunks, self.config.embed_batch):
+                if budget_s is not None and done and time.perf_counter() - t0 > budget_s:
+                    break
+                records, e = self._build_records({rel: changed[rel] for rel in group}, {rel: chunks[rel] for rel in group})
+                self.files.update(records)
+                if self.db is not None:
+                    self.db.write(records, [], {})  # each batch is saved: an interrupted build resumes
+                done, embedded, cached = done + len(group), embedded + e, cached + sum(r.n for r in records.values()) - e
+                advance(sum(r.n for r in records.values()))
+        return done, embedded, cached
 
     def _changed_files(self, seen: dict[str, tuple[int, int]]) -> tuple[dict[str, tuple], dict[str, FileRecord]]:
         """Files whose content differs from the index (path -> (size, mtime, sha, bytes)), and
@@ -140,8 +164,7 @@ class SearchIndex:
                 changed[rel] = (size, mtime, sha, data)
         return changed, touched
 
-    def _build_records(self, changed: dict[str, tuple]) -> tuple[dict[str, FileRecord], int, int]:
-        chunks = {rel: chunk_file(rel, data) for rel, (_, _, _, data) in changed.items()}
+    def _build_records(self, changed: dict[str, tuple], chunks: dict[str, list[Chunk]]) -> tuple[dict[str, FileRecord], int]:
         flat = [c for cs in chunks.values() for c in cs]
         vecs, embedded = self._vectors(flat)
         out: dict[str, FileRecord] = {}
@@ -155,7 +178,7 @@ class SearchIndex:
                 vecs=vecs[at : at + len(cs)], terms=tuple(term_counts(_lexical_text(c)) for c in cs),
             )
             at += len(cs)
-        return out, embedded, len(flat) - embedded
+        return out, embedded
 
     def _vectors(self, chunks: list[Chunk]) -> tuple[np.ndarray, int]:
         """Unit vectors for `chunks` (cache first, the model for the rest); and how many were embedded."""
@@ -166,21 +189,11 @@ class SearchIndex:
         missing = list(dict.fromkeys(k for k in keys if k not in found))
         if missing:
             text_of = dict(zip(keys, texts, strict=True))
-            new = self._embed([text_of[k] for k in missing])
+            new = self.embedder.embed([text_of[k] for k in missing])
             self.cache.put_many(zip(missing, new, strict=True))
             found.update(zip(missing, new, strict=True))
         out = np.stack([found[k] for k in keys]) if keys else np.zeros((0, dim), np.float32)
         return out.astype(np.float32, copy=False), len(missing)
-
-    def _embed(self, texts: list[str]) -> np.ndarray:
-        batch = self.config.embed_batch
-        show = self.config.progress if self.config.progress is not None else (sys.stderr.isatty() and len(texts) > batch)
-        parts = []
-        with _progress(show, len(texts), f"embedding {len(texts)} chunks") as advance:
-            for i in range(0, len(texts), batch):
-                parts.append(self.embedder.embed(texts[i : i + batch]))
-                advance(min(batch, len(texts) - i))
-        return np.concatenate(parts).astype(np.float32)
 
     # -- search --------------------------------------------------------------------------------
 
@@ -206,6 +219,20 @@ class SearchIndex:
     @property
     def n_chunks(self) -> int:
         return sum(r.n for r in self.files.values())
+
+
+def _groups(chunks: dict[str, list[Chunk]], batch: int) -> Iterator[list[str]]:
+    """File paths in groups of about `batch` chunks (a file is never split)."""
+    group: list[str] = []
+    n = 0
+    for rel, cs in chunks.items():
+        group.append(rel)
+        n += len(cs)
+        if n >= batch:
+            yield group
+            group, n = [], 0
+    if group:
+        yield group
 
 
 def embed_text(chunk: Chunk, max_chars: int) -> str:

@@ -7,8 +7,10 @@ bounded: per hit `path:start-end  symbol (kind)` and the first lines of the chun
 
 Context: `ctx.extra["template"]` (optional) names the folder a copy-on-write workspace was made
 from, so the template's index is reused; `ctx.extra["search_config"]` (optional) is an
-etude.search.SearchConfig. The first call on a large repository embeds all of it (minutes on a
-CPU for thousands of files); later calls, and every workspace of an indexed template, are quick.
+etude.search.SearchConfig. The first call on a large repository has to embed all of it (tens of
+minutes on a CPU for thousands of files): each call embeds for at most `tool_budget_s` seconds,
+answers from what is indexed so far and says how many files are still missing; later calls
+continue. Index templates ahead of time (`etude.search.open_index(dir).refresh()`) to avoid it.
 `run` never raises: every failure is a ToolResult(ok=False).
 """
 
@@ -70,16 +72,16 @@ class SemanticSearch(BaseTool):
         extra = ctx.extra or {}
         cfg = extra.get("search_config")
         try:
-            idx = open_index(
-                Path(ctx.workspace),
-                template=extra.get("template"),
-                config=cfg if isinstance(cfg, SearchConfig) else None,
-            )
-            stats = idx.refresh()
+            cfg = cfg if isinstance(cfg, SearchConfig) else SearchConfig()
+            idx = open_index(Path(ctx.workspace), template=extra.get("template"), config=cfg)
+            stats = idx.refresh(budget_s=cfg.tool_budget_s)
             hits = idx.search(query, k)
         except EtudeError as e:
             raise ToolError(str(e), kind="bad_workspace" if "directory" in str(e) else "search_error") from None
         text, shown = _format(Path(idx.root), hits)
+        if stats.files_pending:
+            text += (f"\nnote: the index is still being built: {stats.files_pending} files are not searched yet; "
+                     "search again to continue indexing")
         meta = {
             "results": [h.to_dict() for h in hits[:shown]],
             "omitted": len(hits) - shown,

@@ -104,3 +104,29 @@ def test_registry_and_cli(repo, search_cache):
     missing = subprocess.run([*argv[:5], str(repo / "nope"), "--args", '{"query": "x"}'], env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_first_call_on_a_big_repo_answers_within_its_budget(tmp_path, make_repo, recorder):
+    """A slow model: the tool embeds one batch, answers, and says the index is incomplete."""
+    import time as _time
+
+    inner = recorder.embed
+
+    def slow(texts, *, query=False):
+        if not query:
+            _time.sleep(0.2)
+        return inner(texts, query=query)
+
+    recorder.embed = slow
+    files = {f"m{i}.py": f"def fn_{i}():\n    return {i}\n" for i in range(40)}
+    ws = make_repo(tmp_path / "slow", files)
+    cfg = SearchConfig(embedder="recording", embed_batch=8, tool_budget_s=0.1)
+    res = TOOL.run({"query": "fn_3"}, ToolContext(workspace=ws, extra={"search_config": cfg}))
+    assert res.ok and 0 < res.meta["index"]["files_pending"] < 40
+    assert "still being built" in res.output
+    for _ in range(10):
+        res = TOOL.run({"query": "fn_39"}, ToolContext(workspace=ws, extra={"search_config": cfg}))
+        if not res.meta["index"]["files_pending"]:
+            break
+    assert res.meta["index"]["files_pending"] == 0 and "still being built" not in res.output
+    assert res.meta["results"][0]["symbol"] == "fn_39"
