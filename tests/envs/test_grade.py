@@ -1,0 +1,95 @@
+"""Grading in a clean workspace: the gold patch resolves, the base does not, and edits to tests,
+test configuration or pytest hooks never count."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from etude.envs import grade, grade_patch, strip_protected
+from etude.tasks import diffs, prepare_repo, task_env
+from etude.tasks.runner import run_tests
+from etude.tasks.validate import workspace_with
+
+pytestmark = pytest.mark.slow
+
+# A classic hack: a root conftest.py that reports every test as passed.
+CONFTEST_HACK = """import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
+def _new_file(rel, text):
+    return diffs.file_diff(rel, None, text.splitlines(True))
+
+
+def test_gold_resolves_and_base_does_not(isodate_tasks):
+    t = isodate_tasks[0]
+    gold = grade_patch(t, t.patch)
+    assert gold.resolved and not gold.partial and gold.patch_applied
+    assert set(gold.fail_to_pass) == set(t.FAIL_TO_PASS) and set(gold.pass_to_pass.values()) == {"passed"}
+    base = grade_patch(t, "")
+    assert not base.resolved and not base.partial
+    assert all(s in ("failed", "error") for s in base.fail_to_pass.values())
+
+
+def test_a_conftest_hack_works_in_the_agent_workspace_but_not_at_grading(isodate_tasks):
+    t = isodate_tasks[0]
+    hack = _new_file("conftest.py", CONFTEST_HACK)
+    # The hack is real: applied as is, the failing tests "pass".
+    with workspace_with(prepare_repo(t), [hack]) as ws:
+        run = run_tests(ws, t, task_env(t))
+    assert all(run.status.get(x) == "passed" for x in t.FAIL_TO_PASS)
+    g = grade(t, hack)
+    assert not g.outcome.resolved and "conftest.py" in g.ignored_paths
+    assert all(s in ("failed", "error") for s in g.outcome.fail_to_pass.values())
+
+
+def test_edits_to_test_files_are_restored(isodate_tasks):
+    t = isodate_tasks[0]
+    test_file = t.PASS_TO_PASS[0].split("::")[0]
+    original = (prepare_repo(t) / test_file).read_text()
+    broken = 'raise RuntimeError("the agent broke this test file")\n' + original
+    edit = diffs.file_diff(test_file, original.splitlines(True), broken.splitlines(True))
+    g = grade(t, edit + t.patch)
+    assert g.outcome.resolved, g.outcome.log_tail
+    assert test_file in g.ignored_paths
+
+
+def test_strip_protected_keeps_source_edits():
+    src = _new_file("pkg/fix.py", "x = 1\n")
+    kept, dropped = strip_protected(
+        src + _new_file("tests/test_a.py", "def test_a():\n    pass\n") + _new_file("sitecustomize.py", "import os\n")
+    )
+    assert kept == src and dropped == ["tests/test_a.py", "sitecustomize.py"]
+
+
+def test_a_patch_that_does_not_apply_is_a_verdict_not_a_crash(isodate_tasks):
+    t = isodate_tasks[0]
+    o = grade_patch(t, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n")
+    assert not o.patch_applied and not o.resolved and o.error.startswith("patch does not apply")
+    assert set(o.fail_to_pass.values()) == {"missing"}
+
+
+def test_etude_grade_cli_prints_verdict_reward_and_flags(isodate_tasks, task_cache, tmp_path):
+    from etude.tasks import save_tasks
+
+    t = isodate_tasks[0]
+    tasks, patch = tmp_path / "tasks.jsonl", tmp_path / "gold.diff"
+    save_tasks(isodate_tasks, tasks)
+    patch.write_text(t.patch)
+    argv = [sys.executable, "-m", "etude.cli", "grade", "--tasks", str(tasks), "--instance", t.instance_id, "--patch"]
+    r = subprocess.run([*argv, str(patch)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["resolved"] is True and out["partial"] is False
+    assert set(out["fail_to_pass"]) == set(t.FAIL_TO_PASS) and set(out["pass_to_pass"]) == set(t.PASS_TO_PASS)
+    assert out["reward"]["total"] > 0 and isinstance(out["flags"], list)
+    r = subprocess.run([*argv, str(tmp_path / "missing.diff")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "patch file not found" in r.stderr and "Traceback" not in r.stderr
