@@ -16,7 +16,7 @@ from etude.harness.prompt import (
     render_tools_prompt,
     system_prompt,
 )
-from etude.harness.record import TrajectoryWriter, load_trajectories
+from etude.harness.record import TrajectoryWriter, load_trajectories, load_trajectory, trajectory_from_dict
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -29,6 +29,7 @@ __all__ = [
     "TrajectoryWriter",
     "build_messages",
     "load_trajectories",
+    "load_trajectory",
     "parse_hermes",
     "parse_openai_tool_calls",
     "parse_output",
@@ -37,4 +38,5 @@ __all__ = [
     "run_agent",
     "system_prompt",
     "to_json_dict",
+    "trajectory_from_dict",
 ]
