@@ -100,3 +100,21 @@ def test_prompt_longer_than_context_yields_empty_length_generation(tiny):
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(EtudeError, match="unknown model"):
         load_model("no-such-model")
+
+
+def test_make_policy_builds_the_local_backend():
+    from etude.policy import make_policy
+
+    pol = make_policy("tiny")
+    assert isinstance(pol, LocalPolicy) and pol.id == "tiny"
+
+
+def test_vllm_backend_imports_without_vllm_and_fails_clearly():
+    import importlib.util
+
+    from etude.policy import vllm_backend
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(EtudeError, match="vllm"):
+        vllm_backend.VLLMPolicy("/nonexistent")
