@@ -84,7 +84,7 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         await asyncio.to_thread(store.count_interactions, "")  # the database answers
-        return {"status": "ok", "loaded": pool.loaded()}
+        return {"status": "ok", "loaded": pool.loaded(), "batching": pool.stats()}
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """Batched generation: one worker thread per loaded checkpoint turns concurrent requests into
 `generate_ids` / `generate_batch` calls.
 
-The worker takes the first waiting job, then keeps collecting for up to `wait_ms` (or until
-`max_batch` jobs), groups them by sampling parameters (temperature, top_p) and runs each group
+The worker takes the first waiting job, then keeps collecting while jobs keep arriving less than
+`wait_ms` apart, for at most `max_wait_ms` after the first (or until `max_batch` jobs): a burst
+of requests that trickles in over a few tens of milliseconds (one event loop parses them one by
+one) still lands in one batch, while a lone request waits only `wait_ms`. It groups them by sampling parameters (temperature, top_p) and runs each group
 as one batch. Jobs in a group may ask for different `max_tokens`: the batch runs to the largest
 and each row is cut to its own limit afterwards. A cut row is still an exact sample of its
 first k tokens, so its log-probs stay valid behaviour log-probs.
@@ -48,10 +50,12 @@ class BatchStats:
 class Batcher:
     """Queue + worker thread for one policy (see module docstring)."""
 
-    def __init__(self, policy: Any, *, max_batch: int = 16, wait_ms: float = 5.0, stop_ids: Sequence[int] = ()):
+    def __init__(self, policy: Any, *, max_batch: int = 16, wait_ms: float = 5.0, max_wait_ms: float = 50.0,
+                 stop_ids: Sequence[int] = ()):
         self.policy = policy
         self.max_batch = max_batch
         self.wait_s = wait_ms / 1000.0
+        self.max_wait_s = max(max_wait_ms, wait_ms) / 1000.0
         self.stats = BatchStats()
         self._stop_ids = set(stop_ids or getattr(policy, "stop_token_ids", ()) or ())
         self._q: queue.Queue[Job | None] = queue.Queue()
@@ -75,7 +79,8 @@ class Batcher:
         self._thread.join(timeout=30)
 
     def _collect(self, first: Job) -> list[Job]:
-        jobs, deadline = [first], time.perf_counter() + self.wait_s
+        start = time.perf_counter()
+        jobs, deadline = [first], start + self.wait_s
         while len(jobs) < self.max_batch:
             left = deadline - time.perf_counter()
             try:
@@ -86,6 +91,7 @@ class Batcher:
                 self._q.put(None)  # let the loop see the stop after this batch
                 break
             jobs.append(job)
+            deadline = min(start + self.max_wait_s, time.perf_counter() + self.wait_s)
         return jobs
 
     def _loop(self) -> None:

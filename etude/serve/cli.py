@@ -45,6 +45,7 @@ def _serve_command(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", help="registry name for --model"),
         host: str | None = typer.Option(None, "--host"),
         port: int | None = typer.Option(None, "--port"),
+        threads: int | None = typer.Option(None, "--threads", help="torch threads for generation (default: torch's)"),
         db: str | None = DB,
     ) -> None:
         """Serve an OpenAI-compatible API (chat completions, tools, streaming) with the auto router."""
@@ -52,7 +53,8 @@ def _serve_command(app: typer.Typer) -> None:
         from etude.serve import serve as run
 
         cfg = ServeConfig.from_toml(config) if config else ServeConfig()
-        for key, val in (("model", model), ("name", name), ("host", host), ("port", port), ("db", db)):
+        for key, val in (("model", model), ("name", name), ("host", host), ("port", port), ("db", db),
+                         ("torch_threads", threads)):
             if val is not None:
                 setattr(cfg, key, val)
         print(f"etude: serving {cfg.checkpoint_name()} on http://{cfg.host}:{cfg.port}/v1", file=sys.stderr, flush=True)

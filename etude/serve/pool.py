@@ -28,11 +28,13 @@ def load_local(cp: Checkpoint) -> Any:
 
 
 class PolicyPool:
-    def __init__(self, loader: Loader = load_local, *, max_loaded: int = 3, max_batch: int = 16, wait_ms: float = 5.0):
+    def __init__(self, loader: Loader = load_local, *, max_loaded: int = 3, max_batch: int = 16, wait_ms: float = 5.0,
+                 max_wait_ms: float = 50.0):
         self.loader = loader
         self.max_loaded = max_loaded
         self.max_batch = max_batch
         self.wait_ms = wait_ms
+        self.max_wait_ms = max_wait_ms
         self._loaded: OrderedDict[str, Batcher] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
@@ -47,13 +49,21 @@ class PolicyPool:
             with self._lock:
                 if cp.name in self._loaded:
                     return self._loaded[cp.name]
-            batcher = Batcher(self.loader(cp), max_batch=self.max_batch, wait_ms=self.wait_ms)
+            batcher = Batcher(self.loader(cp), max_batch=self.max_batch, wait_ms=self.wait_ms,
+                              max_wait_ms=self.max_wait_ms)
             with self._lock:
                 self._loaded[cp.name] = batcher
                 evicted = [self._loaded.popitem(last=False)[1] for _ in range(len(self._loaded) - self.max_loaded)]
         for b in evicted:
             b.close()
         return batcher
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        with self._lock:
+            items = list(self._loaded.items())
+        return {n: {"batches": b.stats.batches, "jobs": b.stats.jobs, "max_batch": b.stats.max_batch_seen,
+                    "mean_batch": round(b.stats.jobs / b.stats.batches, 2) if b.stats.batches else 0.0}
+                for n, b in items}
 
     def loaded(self) -> list[str]:
         with self._lock:

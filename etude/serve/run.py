@@ -35,7 +35,8 @@ def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader = 
 
     store = store or open_store(cfg.db)
     ensure_model(store, cfg)
-    pool = PolicyPool(loader, max_loaded=cfg.max_loaded, max_batch=cfg.max_batch, wait_ms=cfg.batch_wait_ms)
+    pool = PolicyPool(loader, max_loaded=cfg.max_loaded, max_batch=cfg.max_batch, wait_ms=cfg.batch_wait_ms,
+                      max_wait_ms=cfg.batch_max_wait_ms)
     return create_app(cfg, store, pool)
 
 
@@ -43,5 +44,9 @@ def serve(cfg: ServeConfig) -> None:
     """Run until interrupted (blocking)."""
     import uvicorn
 
+    if cfg.torch_threads:
+        import torch
+
+        torch.set_num_threads(cfg.torch_threads)
     app = build_app(cfg)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)

@@ -51,7 +51,7 @@ class ChatService:
         session_id = session or iid  # no session header: the request is a session of its own
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
         batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
-        job = self._job(batcher, messages, tools, sampling)
+        job = await asyncio.to_thread(self._job, batcher, messages, tools, sampling)  # tokenising is CPU work
         gen = await asyncio.wrap_future(batcher.submit(job))
         parsed = self._parse(batcher, gen, tools)
         latency = time.perf_counter() - t0
@@ -60,7 +60,8 @@ class ChatService:
                         completion_tokens=len(gen.token_ids))
         record = self._record(org, req, session_id, route, sampling, tools, messages, gen, answer, created,
                               latency, job.meta)
-        await asyncio.to_thread(self._log, record, messages, req.user or "")
+        items = await asyncio.to_thread(self._items, record, messages)
+        await asyncio.wrap_future(self.store.submit(items))  # durable before we answer
         return answer, session_id
 
     def _sampling(self, req: ChatRequest) -> Sampling:
@@ -121,18 +122,18 @@ class ChatService:
                     ttft_s=latency, queue_s=meta.get("queue_s"),
                     messages=[_message_dict(m) for m in messages])
 
-    def _log(self, record: dict[str, Any], messages: list[Message], user: str) -> None:
+    def _items(self, record: dict[str, Any], messages: list[Message]) -> list[tuple[str, dict[str, Any]]]:
+        """The interaction, plus (when it is a follow-up) its label and a feedback event on the
+        previous interaction of the session: written together, in one commit."""
         followup = self._followup(record, messages) if self.cfg.classify_followups else None
-        if followup is not None:
-            pos, label, _ = followup
-            record["messages"][pos].update(label=label, label_source="rules")
-        self.store.log_interaction(record)
-        if followup is not None:
-            pos, label, prev = followup
-            self.store.log_feedback({
-                "org_id": record["org_id"], "interaction_id": prev, "kind": "followup",
-                "value": 1.0 if label == "dissatisfied" else 0.0, "source": "server",
-                "data": {"label": label, "message_interaction_id": record["id"], "position": pos}})
+        if followup is None:
+            return [("interaction", record)]
+        pos, label, prev = followup
+        record["messages"][pos].update(label=label, label_source="rules")
+        return [("interaction", record), ("feedback", {
+            "org_id": record["org_id"], "interaction_id": prev, "kind": "followup",
+            "value": 1.0 if label == "dissatisfied" else 0.0, "source": "server",
+            "data": {"label": label, "message_interaction_id": record["id"], "position": pos}})]
 
     def _followup(self, record: dict[str, Any], messages: list[Message]) -> tuple[int, str, str] | None:
         # The user's last message, when it follows an earlier answer of the same session, is the

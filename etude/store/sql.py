@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import queue
 import re
 import secrets
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,6 +65,8 @@ class SQLStore:
         # SQLite has one writer at a time anyway; queueing writers here (rather than in
         # SQLite's busy handler, which sleeps in coarse steps) keeps commit latency flat.
         self._write_lock = threading.Lock()
+        self._committer: GroupCommitter | None = None
+        self._committer_lock = threading.Lock()
 
     # -- plumbing -------------------------------------------------------------------------
     @contextmanager
@@ -78,6 +82,8 @@ class SQLStore:
             yield conn
 
     def close(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
         self.engine.dispose()
 
     # -- organisations and keys -----------------------------------------------------------
@@ -132,6 +138,31 @@ class SQLStore:
         `record` has the `interactions` columns (see schema.py) plus `messages`: a list of
         {"role", "content", "tool_calls", "tool_call_id"}. `id` is generated if absent.
         """
+        with self.write() as conn:
+            return self._insert_interaction(conn, record)
+
+    def log_many(self, items: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Write ("interaction" | "feedback", record) items in one transaction (one fsync)."""
+        with self.write() as conn:
+            return [self._insert(conn, kind, rec) for kind, rec in items]
+
+    def submit(self, items: Sequence[tuple[str, dict[str, Any]]]) -> Future[list[str]]:
+        """`log_many` through the group committer: items of concurrent callers share one commit.
+        The future resolves (to the ids) only after that commit, or fails with the error."""
+        if self._committer is None:
+            with self._committer_lock:
+                if self._committer is None:
+                    self._committer = GroupCommitter(self)
+        return self._committer.submit(items)
+
+    def _insert(self, conn: sa.Connection, kind: str, rec: dict[str, Any]) -> str:
+        if kind == "interaction":
+            return self._insert_interaction(conn, rec)
+        if kind == "feedback":
+            return self._insert_feedback(conn, rec)
+        raise ValueError(f"unknown record kind {kind!r}")
+
+    def _insert_interaction(self, conn: sa.Connection, record: dict[str, Any]) -> str:
         rec = dict(record)
         iid = rec.pop("id", None) or new_id("chatcmpl")
         msgs = rec.pop("messages", [])
@@ -139,10 +170,9 @@ class SQLStore:
         if missing:
             raise ValueError(f"interaction record lacks {missing}")
         row = _interaction_defaults(rec)
-        with self.write() as conn:
-            conn.execute(t.interactions.insert().values(id=iid, **row))
-            if msgs:
-                conn.execute(t.messages.insert(), [_message_row(iid, row["org_id"], i, m) for i, m in enumerate(msgs)])
+        conn.execute(t.interactions.insert().values(id=iid, **row))
+        if msgs:
+            conn.execute(t.messages.insert(), [_message_row(iid, row["org_id"], i, m) for i, m in enumerate(msgs)])
         return iid
 
     def interaction(self, org: str, interaction_id: str, *, with_messages: bool = True) -> dict[str, Any]:
@@ -237,20 +267,23 @@ class SQLStore:
         record: org_id, interaction_id, kind (one of FEEDBACK_KINDS), value (float|None),
         data (dict), source ("client"|"server"). NotFound if the interaction is not the org's.
         """
+        with self.write() as conn:
+            return self._insert_feedback(conn, record)
+
+    def _insert_feedback(self, conn: sa.Connection, record: dict[str, Any]) -> str:
         kind = record.get("kind")
         if kind not in FEEDBACK_KINDS:
             raise EtudeError(f"unknown feedback kind {kind!r}: use one of {', '.join(FEEDBACK_KINDS)}")
         org, iid = record["org_id"], record["interaction_id"]
         fid = record.get("id") or new_id("fb")
         value = record.get("value")
-        with self.write() as conn:
-            owner = conn.execute(sa.select(t.interactions.c.org_id).where(t.interactions.c.id == iid)).scalar()
-            if owner != org:  # unknown and foreign look the same from outside
-                raise NotFound(f"no interaction {iid!r}")
-            conn.execute(t.feedback.insert().values(
-                id=fid, org_id=org, interaction_id=iid, kind=kind,
-                value=None if value is None else float(value), data=dict(record.get("data") or {}),
-                source=record.get("source", "client"), created_at=record.get("created_at") or time.time()))
+        owner = conn.execute(sa.select(t.interactions.c.org_id).where(t.interactions.c.id == iid)).scalar()
+        if owner != org:  # unknown and foreign look the same from outside
+            raise NotFound(f"no interaction {iid!r}")
+        conn.execute(t.feedback.insert().values(
+            id=fid, org_id=org, interaction_id=iid, kind=kind,
+            value=None if value is None else float(value), data=dict(record.get("data") or {}),
+            source=record.get("source", "client"), created_at=record.get("created_at") or time.time()))
         return fid
 
     def feedback(self, *, org: str, interaction_ids: Sequence[str] | None = None,
@@ -298,6 +331,60 @@ class SQLStore:
         with self.write() as conn:
             return conn.execute(t.sessions.update().where(t.sessions.c.checkpoint == from_checkpoint)
                                 .values(checkpoint=to_checkpoint, experiment_id=None, arm=None)).rowcount
+
+
+class GroupCommitter:
+    """Group commit: one thread writes everything queued since its last commit in one
+    transaction, so N concurrent acknowledgements cost one fsync, not N. If the shared
+    transaction fails, each caller's items are retried alone, so one bad record fails only its
+    own caller."""
+
+    def __init__(self, store: SQLStore, max_items: int = 256):
+        self.store, self.max_items = store, max_items
+        self._q: queue.Queue[tuple[Sequence[tuple[str, dict[str, Any]]], Future[list[str]]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="etude-group-commit", daemon=True)
+        self._thread.start()
+
+    def submit(self, items: Sequence[tuple[str, dict[str, Any]]]) -> Future[list[str]]:
+        fut: Future[list[str]] = Future()
+        self._q.put((list(items), fut))
+        return fut
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is None:
+                return
+            group = [first]
+            while len(group) < self.max_items:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._q.put(None)
+                    break
+                group.append(nxt)
+            self._commit(group)
+
+    def _commit(self, group: list[tuple[Sequence[tuple[str, dict[str, Any]]], Future[list[str]]]]) -> None:
+        try:
+            ids = self.store.log_many([it for items, _ in group for it in items])
+        except Exception:  # someone's record is bad: find out whose, one transaction each
+            for items, fut in group:
+                try:
+                    fut.set_result(self.store.log_many(items))
+                except Exception as e:
+                    fut.set_exception(e)
+            return
+        k = 0
+        for items, fut in group:
+            fut.set_result(ids[k:k + len(items)])
+            k += len(items)
 
 
 def _interaction_defaults(rec: dict[str, Any]) -> dict[str, Any]:

@@ -117,3 +117,18 @@ def test_a_committed_write_survives_kill_9_of_the_writer(tmp_path):
 def test_a_bad_url_is_one_clear_error():
     with pytest.raises(EtudeError):
         open_store("notadb://")
+
+
+def test_group_commit_shares_commits_and_isolates_a_bad_record(store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as ex:
+        futs = list(ex.map(lambda i: store.submit([("interaction", _rec(user_id=f"u{i}"))]), range(40)))
+    ids = [f.result(timeout=30)[0] for f in futs]
+    assert len(set(ids)) == 40 and store.count_interactions("acme") == 40
+    good = store.submit([("interaction", _rec())])
+    bad = store.submit([("interaction", {"org_id": "acme"})])
+    assert store.interaction("acme", good.result(timeout=30)[0])
+    with pytest.raises(ValueError):
+        bad.result(timeout=30)
+    assert store.count_interactions("acme") == 41
