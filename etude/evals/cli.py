@@ -1,0 +1,101 @@
+"""`etude eval --suite FILE --model M --out DIR`, `etude eval compare A B`, `etude eval report DIR`
+(typer/stdlib at top level only).
+
+The run prints its summary as JSON on stdout (progress on stderr). `compare` prints the verdict as
+JSON and exits 1 when the gate fails, so a script can use it as a gate directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence, efficiency) and compare runs.",
+                       invoke_without_command=True, no_args_is_help=False)  # fmt: skip
+
+
+@eval_app.callback()
+def eval_cmd(
+    ctx: typer.Context,
+    suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet) or builtin:eval.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL[#NAME] | model name or path.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output folder (an existing run there is resumed).")] = None,
+    workers: Annotated[int, typer.Option(help="Episodes at once.")] = 2,
+    samples: Annotated[int, typer.Option(help="Episodes per task (pass@k for k up to this).")] = 1,
+    max_tasks: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
+    max_steps: Annotated[int, typer.Option(help="Turns per episode.")] = 30,
+    model_name: Annotated[str | None, typer.Option(help="Served model name for a URL model.")] = None,
+    report: Annotated[bool, typer.Option(help="Write report.html.")] = True,
+) -> None:
+    """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from etude.errors import EtudeError
+    from etude.evals import EvalConfig, run_eval
+
+    missing = [n for n, v in (("--suite", suite), ("--model", model), ("--out", out)) if not v]
+    if missing:
+        raise EtudeError(f"etude eval needs {', '.join(missing)} (or a subcommand: compare, report)")
+    cfg = EvalConfig(workers=workers, samples=samples, max_tasks=max_tasks, max_steps=max_steps,
+                     model_name=model_name, report=report)  # fmt: skip
+    print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
+
+
+def _margins(items: list[str] | None) -> dict[str, float] | None:
+    from etude.errors import EtudeError
+    from etude.evals.compare import _default_margins
+
+    if not items:
+        return None
+    margins = _default_margins()
+    for item in items:
+        name, _, value = item.partition("=")
+        if value.strip().lower() in ("off", "none"):
+            margins.pop(name, None)  # METRIC=off: reported, not gated
+            continue
+        try:
+            margins[name] = float(value)
+        except ValueError:
+            raise EtudeError(f"--margin wants METRIC=NUMBER or METRIC=off, got {item!r}") from None
+    return margins
+
+
+@eval_app.command("compare", no_args_is_help=True)
+def compare_cmd(
+    run_a: Annotated[Path, typer.Argument(help="Baseline run folder.")],
+    run_b: Annotated[Path, typer.Argument(help="Candidate run folder.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Also write the verdict to this JSON file.")] = None,
+    margin: Annotated[list[str] | None, typer.Option(help="METRIC=TOLERANCE (or METRIC=off); repeatable.")] = None,
+    rule: Annotated[str, typer.Option(help="ci (interval must be worse than 0) or point.")] = "ci",
+) -> None:
+    """Compare two runs on the same suite (B - A per metric); exit 1 if a gated metric regressed."""
+    from etude.evals.compare import CompareConfig, compare
+
+    m = _margins(margin)
+    cfg = CompareConfig(rule=rule) if m is None else CompareConfig(margins=m, rule=rule)
+    verdict = compare(run_a, run_b, cfg)
+    text = json.dumps(verdict, indent=2)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    print(text)
+    if not verdict["gate_passed"]:
+        raise typer.Exit(1)
+
+
+@eval_app.command("report", no_args_is_help=True)
+def report_cmd(run_dir: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
+    """Rebuild report.html of a run folder."""
+    from etude.errors import EtudeError
+    from etude.evals.report import write_report
+
+    if not (run_dir / "summary.json").is_file():
+        raise EtudeError(f"{run_dir} has no summary.json (run etude eval first)")
+    print(write_report(run_dir))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")

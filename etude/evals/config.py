@@ -1,0 +1,77 @@
+"""`EvalConfig`: every knob of `etude eval`, documented where it is declared."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from etude.errors import EtudeError
+
+
+def _default_adherence_weights() -> dict[str, float]:
+    # Which files and how much is the strongest evidence of a patch that fits the codebase;
+    # style is the weakest (a formatter can fix it), so it weighs least.
+    return {"files": 0.25, "size": 0.2, "duplicates": 0.15, "imports": 0.15, "lint": 0.15, "format": 0.1}
+
+
+@dataclass
+class EvalConfig:
+    """How one evaluation run is done. The harness and reward configs are the components' own."""
+
+    workers: int = 2
+    """Tasks run at once (threads; each episode has its own sandboxed workspace)."""
+    samples: int = 1
+    """Episodes per task (k); pass@k is reported for every k from 1 to this."""
+    max_tasks: int | None = None
+    """Evaluate only the first N tasks of the suite."""
+    harness: Any = None
+    """An etude.harness.HarnessConfig; None = HarnessConfig() with `max_steps` below."""
+    max_steps: int = 30
+    """Turns per episode when `harness` is None."""
+    reward: Any = None
+    """An etude.rewards.RewardConfig; None = its defaults."""
+    model_name: str | None = None
+    """For an OpenAI-compatible URL: the served model name (also settable as URL#NAME)."""
+    bootstrap: int = 2000
+    """Bootstrap resamples (of tasks) for confidence intervals."""
+    confidence: float = 0.95
+    """Level of every confidence interval."""
+    seed: int = 0
+    """Seed of the bootstrap (results are reproducible for a given run)."""
+    adherence_weights: dict[str, float] = field(default_factory=_default_adherence_weights)
+    """Adherence component -> weight in the combined score (see docs/evals.md)."""
+    ruff_select: tuple[str, ...] = ("E4", "E7", "E9", "F")
+    """ruff rules for the lint delta (ruff's defaults, run with --isolated)."""
+    retry_errors: bool = True
+    """On resume, run again the tasks whose record is an infrastructure error."""
+    report: bool = True
+    """Write report.html (and plots) after the run."""
+    progress: bool = True
+    """Show a rich progress bar on stderr."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.samples < 1:
+            raise EtudeError("workers and samples must be at least 1")
+        if not 0.5 <= self.confidence < 1:
+            raise EtudeError(f"confidence must be in [0.5, 1), not {self.confidence}")
+        unknown = set(self.adherence_weights) - set(_default_adherence_weights())
+        if unknown:
+            raise EtudeError(f"unknown adherence component(s): {', '.join(sorted(unknown))}")
+
+    def harness_config(self) -> Any:
+        from etude.harness import HarnessConfig
+
+        return self.harness or HarnessConfig(max_steps=self.max_steps)
+
+    def reward_config(self) -> Any:
+        from etude.rewards import RewardConfig
+
+        return self.reward or RewardConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["harness"] = self.harness_config().to_dict()
+        d["reward"] = self.reward_config().to_dict()
+        d["ruff_select"] = list(self.ruff_select)
+        return d

@@ -1,0 +1,137 @@
+"""Model specs for `etude eval --model M`, turned into one policy per episode.
+
+    oracle              applies each task's gold patch through the real harness (write_file calls)
+    noop                answers at once and changes nothing
+    scripted:FILE       etude.policy.scripted replay of a script file (tests, demos)
+    http(s)://URL[#NAME] an OpenAI-compatible server (NAME = served model, or EvalConfig.model_name)
+    anything else       a local transformers model: "smollm2", "tiny" or a model directory
+
+The baselines are honest episodes, not shortcuts: the oracle's edits go through the tools into
+a sandboxed workspace and its diff is graded like any other, so a broken grader or workspace shows
+up as an oracle below 100%. What the oracle cannot do: binary patches (their files are skipped,
+so such a task will not resolve).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.protocols import Policy
+from etude.types import Task
+
+PolicyFactory = Callable[[Task, int], Policy]  # (task, sample index) -> a policy for that episode
+BASELINES = ("oracle", "noop")
+
+
+def patched_files(template: Path, patch: str) -> dict[str, str | None]:
+    """Each file a patch touches -> its content after the patch (None: deleted), computed on a
+    scratch copy of just those files. Raises EtudeError if the patch does not apply."""
+    from etude.tasks.diffs import apply_patch, changed_paths
+
+    paths = _all_paths(patch) or changed_paths(patch)
+    with tempfile.TemporaryDirectory(prefix="etude-eval-") as tmp:
+        root = Path(tmp)
+        for rel in paths:
+            src = template / rel
+            if src.is_file():
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, root / rel)
+        ok, msg = apply_patch(root, patch, check=False)
+        if not ok:
+            raise EtudeError(f"patch does not apply to the template: {msg.splitlines()[0] if msg else 'git apply'}")
+        return {rel: _read(root / rel) for rel in paths}
+
+
+def _all_paths(patch: str) -> list[str]:
+    from etude.rewards.diff import parse_diff
+
+    return sorted({p for fd in parse_diff(patch) for p in fd.paths})
+
+
+def _read(p: Path) -> str | None:
+    return p.read_text(encoding="utf-8", errors="surrogateescape") if p.is_file() else None
+
+
+def oracle_outputs(task: Task) -> list[dict[str, Any]]:
+    """Scripted native tool calls that make the workspace equal to base + gold patch."""
+    from etude.tasks.repo import prepare_repo
+
+    calls: list[dict[str, Any]] = []
+    for rel, content in patched_files(prepare_repo(task), task.patch).items():
+        if content is None:
+            calls.append({"name": "run_terminal", "arguments": {"command": f"rm -f -- {shlex.quote(rel)}"}})
+        else:
+            calls.append({"name": "write_file", "arguments": {"path": rel, "content": content}})
+    return [{"text": "Applying the reference fix.", "tool_calls": calls}] if calls else []
+
+
+def _scripted(outputs: list[Any], pid: str, final: str) -> Policy:
+    from etude.policy.scripted import ScriptedPolicy
+
+    return ScriptedPolicy(outputs, id=pid, final=final, native_tools=True)
+
+
+def _shared(build: Callable[[], Policy]) -> PolicyFactory:
+    # One model instance for every episode (loading weights per task would dominate the run);
+    # built lazily under a lock so two workers never load it twice.
+    lock, box = threading.Lock(), []
+
+    def get(task: Task, sample: int) -> Policy:
+        with lock:
+            if not box:
+                box.append(build())
+        return box[0]
+
+    return get
+
+
+def policy_factory(spec: str, model_name: str | None = None) -> PolicyFactory:
+    """The factory for a model spec (see the module docstring)."""
+    spec = spec.strip()
+    if not spec:
+        raise EtudeError("--model is empty; give oracle, noop, a model name or path, or a server URL")
+    if spec == "oracle":
+        return lambda task, k: _scripted(oracle_outputs(task), "oracle", "Applied the reference fix.")
+    if spec == "noop":
+        return lambda task, k: _scripted([], "noop", "I made no changes.")
+    if spec.startswith("scripted:"):
+        return _scripted_file(spec.removeprefix("scripted:"))
+    if spec.startswith(("http://", "https://")):
+        url, _, name = spec.partition("#")
+        served = name or model_name
+        if not served:
+            raise EtudeError("a server URL needs the served model name: URL#NAME or --model-name NAME")
+        return _shared(lambda: _openai(url, served))
+    return _shared(lambda: _local(spec))
+
+
+def _scripted_file(path: str) -> PolicyFactory:
+    from etude.policy.scripted import ScriptedPolicy, load_script
+
+    data = load_script(path)  # read once, so a bad file fails before any episode runs
+    return lambda task, k: ScriptedPolicy(data["outputs"], id=f"scripted:{Path(path).name}")
+
+
+def _openai(url: str, name: str) -> Policy:
+    from etude.policy import make_policy
+
+    return make_policy("openai", base_url=url, model=name)
+
+
+def _local(spec: str) -> Policy:
+    from etude.policy import make_policy
+
+    if spec in ("smollm2", "tiny"):
+        return make_policy(spec)
+    if "/" in spec or Path(spec).exists():
+        if not Path(spec).is_dir():
+            raise EtudeError(f"model directory not found: {spec}")
+        return make_policy("local", model=spec)
+    return make_policy("local", model=spec)

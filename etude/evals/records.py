@@ -1,0 +1,74 @@
+"""results.jsonl: one record per finished episode, appended durably, read back tolerantly.
+
+Each record is written as one line with a single write, then flushed and fsync'ed before the next
+episode is counted as done, so a run killed at any instant leaves every finished episode on disk
+and at most one partial last line. On open, a partial last line (no newline) is cut off; when
+reading, the last record of an (instance_id, sample) wins (a retried error is superseded).
+What this does not guarantee: safety against two *processes* writing the same file at once (one
+run per output folder; threads of one run share a lock).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+Key = tuple[str, int]
+
+
+def key_of(rec: dict[str, Any]) -> Key:
+    return str(rec["instance_id"]), int(rec.get("sample", 0))
+
+
+def read_records(path: Path) -> dict[Key, dict[str, Any]]:
+    """Every complete record of a results file, the last per (instance_id, sample)."""
+    out: dict[Key, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # a line cut by a crash: the episode is not done
+            try:
+                rec = json.loads(line)
+                out[key_of(rec)] = rec
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+    return out
+
+
+class ResultsWriter:
+    """Appends records to results.jsonl; thread-safe; each append is durable when it returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_partial_tail(path)
+
+    def append(self, rec: dict[str, Any]) -> None:
+        line = (json.dumps(rec, ensure_ascii=False) + "\n").encode("utf-8", "surrogateescape")
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _cut_partial_tail(path: Path) -> None:
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    # NOTE: a crash mid-write leaves a line without its newline; appending after it would glue
+    # the next record onto it, so I drop it (that episode runs again).
+    with path.open("r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+        f.flush()
+        os.fsync(f.fileno())

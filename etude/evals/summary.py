@@ -1,0 +1,114 @@
+"""summary.json from the records of a run: correctness, adherence, efficiency, reward, flags.
+
+Every rate is a mean over tasks of the per-task mean over samples, with a bootstrap interval over
+tasks. An episode whose record is an infrastructure error counts as unresolved (and is counted
+under `errors`); a task with no record at all is `missing` and counts as unresolved too, so an
+incomplete run never looks better than it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from etude.evals.adherence import COMPONENTS
+from etude.evals.config import EvalConfig
+from etude.evals.stats import mean_ci, pass_at_k
+from etude.types import Task
+
+EFFICIENCY = ("turns", "tool_calls", "parallel_calls", "prompt_tokens", "completion_tokens", "tokens", "wall_s",
+              "broken_calls", "clarifications")  # fmt: skip
+
+
+def by_task(records: Sequence[dict[str, Any]], tasks: Sequence[Task]) -> dict[str, list[dict[str, Any]]]:
+    """Records grouped by instance id, for the suite's tasks only, in suite order."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        groups[r["instance_id"]].append(r)
+    return {t.instance_id: sorted(groups.get(t.instance_id, []), key=lambda r: r.get("sample", 0)) for t in tasks}
+
+
+def task_mean(recs: list[dict[str, Any]], get: Callable[[dict[str, Any]], Any]) -> float | None:
+    vals = [v for v in (get(r) for r in recs) if v is not None]
+    return sum(float(v) for v in vals) / len(vals) if vals else None
+
+
+def _ok(r: dict[str, Any]) -> bool:
+    return r.get("status") == "ok"
+
+
+def getters() -> dict[str, Callable[[dict[str, Any]], Any]]:
+    """Per-record value of each metric (None where it does not apply)."""
+    g: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "resolved": lambda r: float(bool(r.get("resolved"))),
+        "partial": lambda r: float(bool(r.get("partial"))),
+        "adherence": lambda r: (r.get("adherence") or {}).get("score") if _ok(r) else None,
+        "reward": lambda r: (r.get("reward") or {}).get("total") if _ok(r) else None,
+    }
+    for name in EFFICIENCY:
+        g[name] = lambda r, name=name: (r.get("efficiency") or {}).get(name) if _ok(r) else None
+    return g
+
+
+def _per_task(groups: dict[str, list[dict[str, Any]]], get: Callable, missing_as: float | None) -> list[float | None]:
+    return [task_mean(recs, get) if recs else missing_as for recs in groups.values()]
+
+
+def _pass_at(groups: dict[str, list[dict[str, Any]]], samples: int, kw: dict) -> dict[str, Any]:
+    out = {}
+    for k in range(1, samples + 1):
+        vals = [pass_at_k(len(r), sum(bool(x.get("resolved")) for x in r), k) if len(r) >= k else 0.0
+                for r in groups.values()]  # fmt: skip
+        out[str(k)] = mean_ci(vals, **kw)
+    return out
+
+
+def _efficiency(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, Any]:
+    out = {}
+    recs = [r for rs in groups.values() for r in rs if _ok(r)]
+    for name, get in getters().items():
+        if name not in EFFICIENCY:
+            continue
+        vals = [float(v) for v in (get(r) for r in recs) if v is not None]
+        out[name] = {**mean_ci(_per_task(groups, get, None), **kw),
+                     "median": statistics.median(vals) if vals else None, "total": sum(vals)}  # fmt: skip
+    out["stop_reasons"] = dict(Counter((r.get("efficiency") or {}).get("stop_reason") for r in recs))
+    return out
+
+
+def _adherence(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, Any]:
+    comps = {}
+    for c in COMPONENTS:
+        get = (lambda r, c=c: ((r.get("adherence") or {}).get("components") or {}).get(c) if _ok(r) else None)
+        comps[c] = mean_ci(_per_task(groups, get, None), **kw)
+    return {"score": mean_ci(_per_task(groups, getters()["adherence"], None), **kw), "components": comps}
+
+
+def summarise(records: Sequence[dict[str, Any]], tasks: Sequence[Task], cfg: EvalConfig,
+              manifest: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The run's summary (see the module docstring)."""
+    groups = by_task(records, tasks)
+    kw = {"resamples": cfg.bootstrap, "confidence": cfg.confidence, "seed": cfg.seed}
+    g = getters()
+    flags = Counter(f["name"] for rs in groups.values() for r in rs for f in r.get("flags") or ())
+    return {
+        "model": manifest["model"],
+        "suite_sha256": manifest["suite_sha256"],
+        "tasks": len(tasks),
+        "samples": cfg.samples,
+        "episodes": sum(len(r) for r in groups.values()),
+        "errors": sum(1 for rs in groups.values() for r in rs if not _ok(r)),
+        "missing": [i for i, rs in groups.items() if not rs],
+        "confidence": cfg.confidence,
+        "correctness": {
+            "resolved_rate": mean_ci(_per_task(groups, g["resolved"], 0.0), **kw),
+            "partial_rate": mean_ci(_per_task(groups, g["partial"], 0.0), **kw),
+            "pass_at_k": _pass_at(groups, cfg.samples, kw),
+        },
+        "adherence": _adherence(groups, kw),
+        "efficiency": _efficiency(groups, kw),
+        "reward": mean_ci(_per_task(groups, g["reward"], None), **kw),
+        "flags": dict(sorted(flags.items())),
+    }
