@@ -12,7 +12,7 @@ Honest patches, three sources:
 Baseline in the same run: a keyword grep over added lines (the obvious first attempt), on the
 same patches, so the figure beside ours shows what the structural checks buy.
 
-    .venv/bin/python bench/reward_flags.py [--max-tasks N] [--no-suite] [--no-releases]
+    .venv/bin/python bench/reward_flags.py [--build-suite | --no-suite] [--no-releases] [--synth-per-package N]
 Writes bench/results/reward_flags.json.
 """
 
@@ -108,20 +108,25 @@ def measure(patches: list[tuple[str, str, object]]) -> dict:
     }
 
 
-def suite_patches(max_tasks: int | None) -> tuple[list, str | None]:
+def suite_patches(build: bool) -> tuple[list, str | None]:
+    """Gold patches of the built-in suite: the packages already built and cached, or with
+    `build` the whole suite (slow: it validates every task in the sandbox)."""
     try:
-        from etude.tasks import builtin_suite
+        from etude.tasks import builtin_suite, load_tasks
+        from etude.tasks.suite import packages, suite_dir
     except ImportError as e:
         return [], f"etude.tasks.builtin_suite unavailable: {e}"
-    out, errors = [], []
-    for split in ("train", "eval"):
-        try:
-            tasks = builtin_suite(split=split, max_tasks=max_tasks)
-        except Exception as e:  # noqa: BLE001 - report why the suite is missing, keep the other sources
-            errors.append(f"{split}: {type(e).__name__}: {e}")
-            continue
-        out += [(f"{split}/{t.instance_id}", t.patch, t) for t in tasks]
-    return out, "; ".join(errors) or None
+    tasks, note = {}, None
+    if build:
+        for split in ("train", "eval"):
+            tasks.update({t.instance_id: t for t in builtin_suite(split=split)})
+    else:
+        for f in sorted(suite_dir().glob("*.jsonl")):
+            tasks.update({t.instance_id: t for t in load_tasks(f)})
+        built = {t.source.get("package") for t in tasks.values()}
+        missing = [p.name for p in packages("all") if p.name not in built]
+        note = f"not built yet (run with --build-suite): {', '.join(missing)}" if missing else None
+    return [(f"{t.meta.get('split', '?')}/{i}", t.patch, t) for i, t in sorted(tasks.items())], note
 
 
 def release_patches(progress: Progress) -> tuple[list, list[str]]:
@@ -192,16 +197,21 @@ def corpus(kind: str) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--max-tasks", type=int, default=None)
+    ap.add_argument("--build-suite", action="store_true", help="build the missing suite packages first (slow)")
     ap.add_argument("--no-suite", action="store_true")
     ap.add_argument("--no-releases", action="store_true")
-    ap.add_argument("--synth-per-package", type=int, default=40, help="0 skips synthesised gold patches")
+    ap.add_argument(
+        "--synth-per-package",
+        type=int,
+        default=0,
+        help="N per package (e.g. 40; about a minute per package); 0 skips synthesised gold patches",
+    )
     args = ap.parse_args()
     result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()}}
     with Progress(console=console) as progress:
         if not args.no_suite:
             job = progress.add_task("built-in suite", total=None)
-            patches, err = suite_patches(args.max_tasks)
+            patches, err = suite_patches(args.build_suite)
             result["builtin_suite_gold"] = {**measure(patches), "error": err}
             progress.update(job, total=1, completed=1)
         if not args.no_releases:

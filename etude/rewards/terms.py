@@ -136,7 +136,8 @@ def answers(trajectory: Trajectory) -> list[str]:
     """What the agent said to the user: each turn without calls, and the `submit` message.
     A trajectory without turns (a logged production conversation) uses its assistant messages."""
     if not trajectory.turns:
-        return [_prose(m.content) for m in trajectory.messages if m.role == "assistant" and not m.tool_calls]
+        said = [m.content for m in trajectory.messages if m.role == "assistant" and not m.tool_calls]
+        return [a for a in said if a.strip() and "<tool_call>" not in a]  # a text-format call is not an answer
     out = []
     for t in trajectory.turns:
         submit = [e for e in t.tool_executions if e.call.name == "submit"]

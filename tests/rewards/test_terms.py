@@ -108,3 +108,21 @@ def test_answers_ignore_tool_call_text_and_read_submit_message() -> None:
     submitted = traj(turn(EDIT), turn(sub, text="Finishing."), final=None)
     assert T.final_answer(submitted) == "Finishing. Fixed the bug; all tests pass."
     assert T.unsupported_claims(submitted) == -1.0
+
+
+def test_logged_conversation_without_turns_uses_assistant_messages() -> None:
+    from etude.types import Message, Trajectory
+
+    msgs = (
+        Message(role="user", content="rename foo to bar in utils.py"),
+        Message(
+            role="assistant", content='<tool_call>{"name": "read_file", "arguments": {"path": "utils.py"}}</tool_call>'
+        ),
+        Message(role="assistant", content="Do you want me to rename it everywhere or only in utils.py?"),
+    )
+    t = Trajectory(
+        episode_id="e", task_id=None, policy_id="p", policy_version=0, messages=msgs, turns=(), stop_reason="answer"
+    )
+    assert T.answers(t) == ["Do you want me to rename it everywhere or only in utils.py?"]
+    assert T.needless_clarification(t, None, CFG) == -1.0
+    assert T.verbosity(t, CFG) == 0.0
