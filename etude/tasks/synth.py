@@ -214,9 +214,19 @@ def _combos(root: Path, singles: list[tuple[Candidate, Task]], rng: random.Rando
             yield combo
 
 
+def _count(stats: dict[str, dict[str, int]] | None, cand: Candidate, kept: bool) -> None:
+    if stats is None:
+        return
+    key = "synth:" + ("combo" if len(cand.mutators) > 1 else cand.mutators[0])
+    for name, hit in (("tried", True), ("kept", kept)):
+        stats.setdefault(name, {})
+        stats[name][key] = stats[name].get(key, 0) + int(hit)
+
+
 def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthConfig | None = None,
-               progress: Progress | None = None) -> list[Task]:  # fmt: skip
-    """Validated synthetic tasks for `package` ("NAME==VER") or a local `repo` directory."""
+               progress: Progress | None = None, stats: dict[str, dict[str, int]] | None = None) -> list[Task]:  # fmt: skip
+    """Validated synthetic tasks for `package` ("NAME==VER") or a local `repo` directory. With
+    `stats`, counts of mutants tried and kept per strategy are added to it ("tried", "kept")."""
     cfg = cfg or SynthConfig()
     say = progress or (lambda _msg: None)
     proto, root = proto_task(package, repo, cfg.extra_deps)
@@ -231,6 +241,7 @@ def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthC
             break
         say(f"mutant {i + 1} ({len(singles)} kept)")
         task = evaluate(proto, ref, cand, cfg)
+        _count(stats, cand, task is not None)
         if task is not None:
             singles.append((cand, task))
             seen.add(task.instance_id)
@@ -240,6 +251,7 @@ def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthC
             break
         say(f"combination {j + 1} ({len(combos)} kept)")
         task = evaluate(proto, ref, combo, cfg)
+        _count(stats, combo, task is not None)
         if task is not None and task.instance_id not in seen:
             combos.append(task)
             seen.add(task.instance_id)
