@@ -40,6 +40,9 @@ class SandboxConfig:
     """Extra environment variables inside (the rest of the environment is cleared)."""
     bind_interpreter: bool = True
     """Bind the host interpreter prefix (sys.base_prefix) read-only and put its bin on PATH."""
+    session: bool = False
+    """`make_sandbox` only: one long-lived bwrap for all commands (fast start-up; /tmp persists,
+    commands run one at a time). `run` always starts a fresh sandbox. See etude/sandbox/session.py."""
     uid: int = 1000
     """User id inside the sandbox (mapped to the launcher's uid on the host)."""
     gid: int = 1000

@@ -179,8 +179,8 @@ class Cgroup:
                     pause = min(pause * 2, 0.02)
         self.dirs.clear()
 
-    def memory_oom_killed(self) -> bool:
-        """True when the kernel OOM-killed something in the memory cgroup (limit hit)."""
+    def oom_kills(self) -> int:
+        """How many processes the kernel OOM-killed in the memory cgroup so far."""
         for d in self.dirs:
             try:
                 text = (d / "memory.oom_control").read_text()
@@ -188,9 +188,13 @@ class Cgroup:
                 continue
             for line in text.splitlines():
                 key, _, val = line.partition(" ")
-                if key == "oom_kill" and val.strip() not in ("", "0"):
-                    return True
-        return False
+                if key == "oom_kill" and val.strip().isdigit():
+                    return int(val)
+        return 0
+
+    def memory_oom_killed(self) -> bool:
+        """True when the kernel OOM-killed something in the memory cgroup (limit hit)."""
+        return self.oom_kills() > 0
 
 
 def _ctrl_of(d: Path) -> str:

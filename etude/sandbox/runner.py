@@ -128,6 +128,10 @@ def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapS
         _warn_unsandboxed()
     else:
         raise EtudeError(f"sandbox: unknown backend {cfg.backend!r} (use 'bwrap' or 'unsandboxed')")
+    if cfg.session:
+        from etude.sandbox.session import SessionSandbox
+
+        return SessionSandbox(ws.resolve(), cfg)  # type: ignore[return-value]
     return BwrapSandbox(workspace=ws.resolve(), config=cfg)
 
 

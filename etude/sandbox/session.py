@@ -1,0 +1,234 @@
+"""Session sandboxes: one long-lived bwrap per workspace, commands run inside it one at a time.
+
+`run` pays for fresh namespaces on every command (tens of ms on a loaded machine); a session
+pays once, then each command costs about a fork and an exec inside (`SandboxConfig(session=True)`
+in `make_sandbox`). Same isolation as `run` (the same bwrap line), the same per-command
+rlimits, wall-clock timeout (124) and "nothing outlives a command" rule, enforced by the
+in-sandbox supervisor (`_supervisor.py`) with `kill(-1, SIGKILL)`.
+
+Differs from `run`, and does not guarantee:
+- `/tmp` (and HOME) persist across the commands of one session; the pids and memory cgroups
+  cap the whole session, not each command; RLIMIT_CPU also counts the supervisor's own CPU
+  seconds (a few ms per command), so a session lives for at most `cpu_s` of supervisor time.
+- Commands of one session run one at a time (a lock), never in parallel.
+- A command shares the sandbox with its supervisor, so it can kill it or write to its reply
+  pipe. Replies are therefore untrusted: size-capped, shape-checked and matched to a random
+  per-request id; anything else tears the session down. A command that wins that race could
+  still forge its *own* result, so never grade with a session: graders use `run`.
+- If the supervisor dies (OOM-killed, or a command that does not end within timeout + 5 s), the
+  session is torn down (every process killed), that command gets status 124/137 with a note, and
+  the next command starts a fresh session (a clean /tmp).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import selectors
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+from etude.errors import EtudeError
+from etude.protocols import ExecResult
+from etude.sandbox.bwrap import bwrap_argv, interpreter_prefix
+from etude.sandbox.config import SandboxConfig
+from etude.sandbox.limits import Cgroup, launcher_prefix
+from etude.sandbox.process import TIMEOUT_STATUS, kill_tree
+
+_SUPERVISOR = (Path(__file__).parent / "_supervisor.py").read_text()
+_GRACE_S = 5.0  # the supervisor enforces the timeout; we only step in if it does not answer
+_START_S = 30.0
+
+
+_LATE = "no answer in time"
+
+
+class _Dead(Exception):
+    """The supervisor stopped answering."""
+
+
+class _Session:
+    """One bwrap + supervisor; owns its process, pipes and cgroup."""
+
+    def __init__(self, workspace: Path, cfg: SandboxConfig) -> None:
+        self.cg = Cgroup.create(cfg)
+        # NOTE: the rlimits are set once on the launcher, as for `run`, and every command inherits
+        # them (soft = hard, so none can raise them). Setting them per command would need a
+        # preexec_fn, i.e. a full fork of the supervisor instead of a vfork: slower.
+        py = os.path.join(interpreter_prefix(), "bin", "python3")
+        argv = launcher_prefix(cfg, self.cg) + bwrap_argv([py, "-I", "-S", "-c", _SUPERVISOR], workspace, cfg)
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            close_fds=True,
+            start_new_session=True,
+        )
+        try:
+            self.recv(time.monotonic() + _START_S)
+        except _Dead:
+            detail = self.log_tail()
+            self.close()
+            raise EtudeError(f"session sandbox did not start: {detail or 'no output'}") from None
+
+    def send(self, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise _Dead from e
+
+    def recv(self, deadline: float, max_bytes: int = 1 << 20) -> dict:
+        """One reply. NOTE: the supervisor shares the sandbox with the command, which can take it
+        over: its replies are untrusted input, so size and shape are checked."""
+        n = struct.unpack(">I", self._read(4, deadline))[0]
+        if n > max_bytes:
+            raise _Dead(f"reply of {n} bytes exceeds {max_bytes}")
+        try:
+            reply = json.loads(self._read(n, deadline))
+        except ValueError as e:
+            raise _Dead("malformed reply") from e
+        if not isinstance(reply, dict):
+            raise _Dead("malformed reply")
+        return reply
+
+    def _read(self, n: int, deadline: float) -> bytes:
+        assert self.proc.stdout is not None
+        fd, data = self.proc.stdout.fileno(), bytearray()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while len(data) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(timeout=left):
+                    raise _Dead(_LATE)
+                chunk = os.read(fd, n - len(data))
+                if not chunk:
+                    raise _Dead("supervisor exited")
+                data += chunk
+        return bytes(data)
+
+    def log_tail(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-500:].decode("utf-8", "replace").strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            kill_tree(self.proc, self.cg)
+            self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        self.log.close()
+        self.cg.destroy()
+
+
+class SessionSandbox:
+    """`protocols.Sandbox` backed by one long-lived bwrap (see the module docstring)."""
+
+    def __init__(self, workspace: Path, config: SandboxConfig) -> None:
+        if config.backend != "bwrap" or not config.bind_interpreter:
+            raise EtudeError("session sandboxes need backend='bwrap' and bind_interpreter=True")
+        self.workspace, self.config = Path(workspace), config
+        self._lock = threading.Lock()
+        self._session: _Session | None = _Session(self.workspace, config)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._session)
+
+    def exec(self, argv: Sequence[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
+        if not argv:
+            raise EtudeError("sandbox: empty command")
+        limit = self.config.timeout_s if timeout_s is None else timeout_s
+        if limit <= 0:
+            raise EtudeError(f"sandbox: timeout must be positive, got {limit}")
+        with self._lock:
+            return self._exec_locked([str(a) for a in argv], limit, stdin)
+
+    def _exec_locked(self, argv: list[str], limit: float, stdin: str | None) -> ExecResult:
+        if self._session is None or self._session.proc.poll() is not None:
+            self._restart()
+        s = self._session
+        assert s is not None
+        cfg = self.config
+        rid = secrets.token_hex(8)
+        req = {"id": rid, "argv": argv, "stdin": stdin, "timeout": limit, "max_output": cfg.max_output_bytes}
+        oom_before, t0 = s.cg.oom_kills(), time.monotonic()
+        cap = 4 * cfg.max_output_bytes + 65536  # two streams, JSON escaping, the marker lines
+        try:
+            s.send(req)
+            r = s.recv(t0 + limit + _GRACE_S, max_bytes=cap)
+            if r.get("id") != rid:
+                raise _Dead("reply for another request")  # forged, or the stream lost its framing
+            return _result(r, limit, s.cg.oom_kills() > oom_before, time.monotonic() - t0)
+        except _Dead as e:
+            return self._died(s, limit, t0, oom_before, str(e))
+
+    def _died(self, s: _Session, limit: float, t0: float, oom_before: int, why: str) -> ExecResult:
+        """The supervisor is gone or lying: tear the session down; the next command gets a new one."""
+        oom = s.cg.oom_kills() > oom_before
+        s.close()
+        self._session = None
+        timed_out = why == _LATE
+        if oom:
+            note = "memory limit exceeded"
+        elif timed_out:
+            note = f"timed out after {limit:g} s"
+        else:
+            note = f"the session's supervisor failed ({why})"
+        note = f"[sandbox: {note}; every process was killed and the session restarted]\n"
+        code = TIMEOUT_STATUS if timed_out else 137
+        return ExecResult(code, "", note, timed_out, time.monotonic() - t0)
+
+    def _restart(self) -> None:
+        if self._session is not None:
+            self._session.close()
+        self._session = _Session(self.workspace, self.config)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_quietly, self._session)
+
+    def close(self) -> None:
+        """Stop the session: every process in it is killed, its cgroups removed (idempotent)."""
+        with self._lock:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+            self._finalizer.detach()
+
+    def __enter__(self) -> SessionSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _result(r: dict, limit: float, oom: bool, wall: float) -> ExecResult:
+    try:
+        timed_out, code = bool(r["timed_out"]), int(r["rc"])
+        stdout, stderr, truncated = str(r["stdout"]), str(r["stderr"]), bool(r["truncated"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise _Dead("malformed reply") from e
+    if timed_out:
+        stderr += f"\n[sandbox: timed out after {limit:g} s; every process was killed]\n"
+    elif oom:
+        stderr += "\n[sandbox: memory limit exceeded; a process was killed]\n"
+    return ExecResult(TIMEOUT_STATUS if timed_out else code, stdout, stderr, timed_out, wall, truncated)
+
+
+def _close_quietly(session: _Session) -> None:
+    try:
+        session.close()
+    except Exception:  # noqa: BLE001 - interpreter shutdown: best effort, bwrap dies with us anyway
+        pass

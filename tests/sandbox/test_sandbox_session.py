@@ -1,0 +1,119 @@
+"""Session sandboxes (`SandboxConfig(session=True)`): same isolation and limits as `run`, one bwrap."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from etude.errors import EtudeError
+from etude.protocols import Sandbox
+from etude.sandbox import SandboxConfig, make_sandbox
+from etude.sandbox.limits import controller_base
+from etude.sandbox.session import SessionSandbox
+
+
+def alive(marker: str) -> bool:
+    return marker in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def sb(ws: Path, cfg: SandboxConfig) -> Iterator[SessionSandbox]:
+    s = make_sandbox(
+        ws, SandboxConfig(session=True, timeout_s=20, ro_binds=cfg.ro_binds, path_prepend=cfg.path_prepend)
+    )
+    assert isinstance(s, SessionSandbox) and isinstance(s, Sandbox)
+    yield s
+    s.close()
+
+
+def test_commands_status_output_stdin_and_writes(sb: SessionSandbox, ws: Path) -> None:
+    r = sb.exec(["sh", "-c", "echo out; echo err >&2; pwd > where; exit 4"])
+    assert (r.returncode, r.stdout, r.stderr) == (4, "out\n", "err\n")
+    assert (ws / "where").read_text() == "/workspace\n"
+    assert sb.exec(["wc", "-c"], stdin="y" * 300_000).stdout.strip() == "300000"
+    assert sb.exec(["no-such-command"]).returncode == 127
+
+
+def test_same_isolation_as_run(sb: SessionSandbox, ws: Path) -> None:
+    r = sb.exec(["sh", "-c", "id -u; cat /etc/shadow; touch /usr/x; touch /workspace/../y; cat /proc/net/dev"])
+    assert r.stdout.startswith("1000\n")
+    assert "No such file" in r.stderr and r.stderr.count("Read-only file system") == 2
+    assert not (ws.parent / "y").exists()
+    assert [ln.split(":")[0].strip() for ln in r.stdout.splitlines()[3:]] == ["lo"]
+
+
+def test_nothing_outlives_a_command_and_timeout_is_124(sb: SessionSandbox) -> None:
+    r = sb.exec(["sh", "-c", "setsid sleep 271.1 > /dev/null 2>&1 & echo bg"])
+    assert (r.returncode, r.stdout) == (0, "bg\n") and not alive("271.1")
+    r = sb.exec(["sh", "-c", "setsid sleep 271.2 & (sleep 271.2 &); sleep 271.2"], timeout_s=0.5)
+    assert (r.returncode, r.timed_out) == (124, True) and "timed out after 0.5 s" in r.stderr
+    assert not alive("271.2")
+    assert sb.exec(["echo", "still here"]).stdout == "still here\n"  # the session survived
+
+
+def test_tmp_persists_within_a_session_only(sb: SessionSandbox, ws: Path, cfg: SandboxConfig) -> None:
+    sb.exec(["sh", "-c", "echo kept > /tmp/state"])
+    assert sb.exec(["cat", "/tmp/state"]).stdout == "kept\n"
+    with make_sandbox(ws, SandboxConfig(session=True)) as other:
+        assert other.exec(["cat", "/tmp/state"]).returncode != 0
+
+
+@pytest.mark.skipif(controller_base("pids") is None, reason="pids cgroup not writable here")
+def test_fork_bomb_then_the_session_still_works(ws: Path) -> None:
+    with make_sandbox(ws, SandboxConfig(session=True, max_procs=32, timeout_s=3)) as s:
+        r = s.exec(["sh", "-c", ": bomb-5e2a; f() { f | f & }; f; sleep 30"])
+        assert "Cannot fork" in r.stderr or "Resource temporarily unavailable" in r.stderr
+        assert not alive("bomb-5e2a")
+        assert s.exec(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_memory_bomb_then_the_session_still_works(ws: Path, cfg: SandboxConfig) -> None:
+    small = SandboxConfig(session=True, memory_mb=256, ro_binds=cfg.ro_binds, path_prepend=cfg.path_prepend)
+    with make_sandbox(ws, small) as s:
+        r = s.exec(["python", "-c", "x = []\nwhile True:\n    x.append(b'x' * 10_000_000)\n"])
+        assert r.returncode != 0 and ("MemoryError" in r.stderr or "memory limit" in r.stderr)
+        assert s.exec(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_a_command_that_kills_its_supervisor_gets_a_fresh_session(sb: SessionSandbox) -> None:
+    sb.exec(["sh", "-c", "echo x > /tmp/mark"])
+    r = sb.exec(["sh", "-c", "kill -9 $PPID; sleep 5"])
+    assert r.returncode == 137 and "supervisor failed" in r.stderr
+    assert sb.exec(["cat", "/tmp/mark"]).returncode != 0  # a new session: a clean /tmp
+    assert sb.exec(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_a_forged_reply_is_not_trusted(sb: SessionSandbox) -> None:
+    """The command can write to the supervisor's reply pipe; a huge or malformed frame must not
+    crash or exhaust the host: the session is dropped instead."""
+    forge = "import os, struct; os.write(1, struct.pack('>I', 2**31)); os.write(1, b'{')"
+    # The supervisor's stdout is its own fd 1; reach it through /proc/<ppid>/fd/1.
+    r = sb.exec(["sh", "-c", f'python -c "{forge}" > /proc/$PPID/fd/1; sleep 5'], timeout_s=10)
+    assert r.returncode == 137 and "exceeds" in r.stderr
+    well_formed = (
+        "import json, os, struct; b = json.dumps({'id': 'guess', 'rc': 0, 'stdout': 'all tests passed', "
+        "'stderr': '', 'timed_out': False, 'truncated': False, 'wall_s': 0}).encode(); "
+        "os.write(1, struct.pack('>I', len(b)) + b)"
+    )
+    (Path(sb.workspace) / "forge.py").write_text(well_formed)
+    r = sb.exec(["sh", "-c", "python forge.py > /proc/$PPID/fd/1; sleep 5"], timeout_s=10)
+    assert "all tests passed" not in r.stdout and "another request" in r.stderr
+    assert sb.exec(["echo", "ok"]).stdout == "ok\n"
+
+
+def test_close_kills_everything_and_is_idempotent(ws: Path) -> None:
+    s = make_sandbox(ws, SandboxConfig(session=True))
+    pid = s._session.proc.pid  # type: ignore[union-attr]
+    s.close()
+    s.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_session_needs_bwrap_and_the_interpreter(ws: Path) -> None:
+    with pytest.raises(EtudeError):
+        SessionSandbox(ws, SandboxConfig(session=True, bind_interpreter=False))
