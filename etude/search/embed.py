@@ -46,11 +46,11 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, model_dir: str, *, name: str | None = None, max_seq_length: int = 64,
                  batch_size: int = 32, device: str = "cpu", threads: int | None = None) -> None:
+        if not os.path.isdir(model_dir):
+            raise EtudeError(f"embedding model folder not found: {model_dir}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub: the folder is the model
         from sentence_transformers import SentenceTransformer
 
-        if not os.path.isdir(model_dir):
-            raise EtudeError(f"embedding model folder not found: {model_dir}")
         self.model = SentenceTransformer(model_dir, device=device)
         # NOTE: I cap chunks at 64 word pieces: on CPU the cost grows with length (64 is 1.6x
         # faster than 128 here) and what comes first -- path, name, signature, docstring -- is

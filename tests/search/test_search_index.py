@@ -163,3 +163,14 @@ def test_edits_are_seen_through_a_delta_without_restacking(tmp_path, make_repo, 
     view = idx.view()
     assert view.main is not main and view.delta is None and not view.dead.any()
     assert idx.search("fresh_25", k=1)[0].symbol == "fresh_25"
+
+
+def test_module_cli_indexes_queries_and_refuses_a_missing_dir(repo, tmp_path, capsys):
+    from etude.search.__main__ import main
+
+    assert main(["index", str(repo), "--embedder", "hash"]) == 0
+    assert '"files": 3' in capsys.readouterr().out
+    assert main(["query", str(repo), "area of a circle", "-k", "1", "--embedder", "hash"]) == 0
+    assert capsys.readouterr().out.startswith("pkg/geometry.py:5-7  circle_area")
+    assert main(["index", str(tmp_path / "nope"), "--embedder", "hash"]) == 2
+    assert "not a directory" in capsys.readouterr().err
