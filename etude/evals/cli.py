@@ -21,7 +21,9 @@ eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence
 def eval_cmd(
     ctx: typer.Context,
     suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet) or builtin:eval.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL[#NAME] | model name or path.")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL[#NAME] | model name or path.")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder (an existing run there is resumed).")] = None,
     workers: Annotated[int, typer.Option(help="Episodes at once.")] = 2,
     samples: Annotated[int, typer.Option(help="Episodes per task (pass@k for k up to this).")] = 1,

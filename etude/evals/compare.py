@@ -53,7 +53,9 @@ class CompareConfig:
             raise EtudeError(f"rule must be 'ci' or 'point', not {self.rule!r}")
         unknown = set(self.margins) - set(DIRECTION)
         if unknown:
-            raise EtudeError(f"unknown metric(s) in margins: {', '.join(sorted(unknown))}; known: {', '.join(DIRECTION)}")
+            raise EtudeError(
+                f"unknown metric(s) in margins: {', '.join(sorted(unknown))}; known: {', '.join(DIRECTION)}"
+            )
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -76,7 +78,9 @@ def _values(groups: dict[str, list[dict[str, Any]]], metric: str) -> dict[str, f
     return {i: (task_mean(rs, get) if rs else missing) for i, rs in groups.items()}
 
 
-def compare_metric(a: dict[str, float | None], b: dict[str, float | None], metric: str, cfg: CompareConfig) -> dict[str, Any]:
+def compare_metric(
+    a: dict[str, float | None], b: dict[str, float | None], metric: str, cfg: CompareConfig
+) -> dict[str, Any]:
     ids = [i for i in a if a[i] is not None and b.get(i) is not None]
     xa, xb = [float(a[i]) for i in ids], [float(b[i]) for i in ids]  # type: ignore[arg-type]
     higher, margin = DIRECTION[metric], cfg.margins.get(metric)
@@ -103,7 +107,9 @@ def compare(run_a: str | Path, run_b: str | Path, config: CompareConfig | None =
     ma, ga = load_run(run_a)
     mb, gb = load_run(run_b)
     if ma["suite_sha256"] != mb["suite_sha256"]:
-        raise EtudeError(f"the runs are on different suites ({ma['suite_sha256']} vs {mb['suite_sha256']}); compare needs the same suite")
+        raise EtudeError(
+            f"the runs are on different suites ({ma['suite_sha256']} vs {mb['suite_sha256']}); compare needs the same suite"
+        )
     metrics = {m: compare_metric(_values(ga, m), _values(gb, m), m, cfg) for m in DIRECTION}
     regressions = [m for m, r in metrics.items() if r["regression"]]
     return {

@@ -51,8 +51,21 @@ def _plots(out: Path, summary: dict[str, Any], records: list[dict[str, Any]]) ->
     tok = summary["efficiency"]["tokens"]
     if rate["mean"] is not None and tok["mean"] is not None:
         err = [[rate["mean"] - rate["ci_low"]], [rate["ci_high"] - rate["mean"]]]
-        ax.errorbar([tok["mean"]], [rate["mean"]], yerr=err, fmt="D", c="black", capsize=4, label="run: mean tokens, resolved rate")
-    ax.set(xlabel="tokens per episode (prompt + completion)", ylabel="resolved", ylim=(-0.1, 1.1), title="Correctness vs tokens")
+        ax.errorbar(
+            [tok["mean"]],
+            [rate["mean"]],
+            yerr=err,
+            fmt="D",
+            c="black",
+            capsize=4,
+            label="run: mean tokens, resolved rate",
+        )
+    ax.set(
+        xlabel="tokens per episode (prompt + completion)",
+        ylabel="resolved",
+        ylim=(-0.1, 1.1),
+        title="Correctness vs tokens",
+    )
     ax.legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(d / "correctness_vs_tokens.png", dpi=90)
@@ -70,7 +83,13 @@ def _bars(path: Path, summary: dict[str, Any], plt: Any) -> None:
     lo = [max(0.0, m["mean"] - m["ci_low"]) if m["mean"] is not None else 0.0 for _, m in items]
     hi = [max(0.0, m["ci_high"] - m["mean"]) if m["mean"] is not None else 0.0 for _, m in items]
     fig, ax = plt.subplots(figsize=(7, 3.4))
-    ax.bar(names, means, yerr=[lo, hi], capsize=3, color=["tab:green", "tab:olive", "tab:blue", *["tab:cyan"] * len(COMPONENTS)])
+    ax.bar(
+        names,
+        means,
+        yerr=[lo, hi],
+        capsize=3,
+        color=["tab:green", "tab:olive", "tab:blue", *["tab:cyan"] * len(COMPONENTS)],
+    )
     ax.set(ylim=(0, 1.05), ylabel="mean over tasks", title="Correctness and adherence (with intervals)")
     ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     fig.tight_layout()

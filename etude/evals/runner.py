@@ -45,7 +45,11 @@ def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = No
 
     if isinstance(suite, (str, Path)):
         text = str(suite)
-        tasks = builtin_suite(text.split(":", 1)[1] or "eval", max_tasks) if text.startswith("builtin:") else load_tasks(suite)
+        tasks = (
+            builtin_suite(text.split(":", 1)[1] or "eval", max_tasks)
+            if text.startswith("builtin:")
+            else load_tasks(suite)
+        )
     else:
         tasks = list(suite)
     tasks = tasks[:max_tasks] if max_tasks is not None else tasks
@@ -58,7 +62,9 @@ def suite_hash(tasks: Sequence[Task]) -> str:
     """Identity of a suite: its instance ids with their gold and test patches."""
     h = hashlib.sha256()
     for t in sorted(tasks, key=lambda t: t.instance_id):
-        h.update(json.dumps([t.instance_id, t.patch, t.test_patch, list(t.FAIL_TO_PASS), list(t.PASS_TO_PASS)]).encode())
+        h.update(
+            json.dumps([t.instance_id, t.patch, t.test_patch, list(t.FAIL_TO_PASS), list(t.PASS_TO_PASS)]).encode()
+        )
     return h.hexdigest()[:16]
 
 
@@ -200,7 +206,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)[:120]
 
 
-def episode_record(task: Task, sample: int, factory: Callable, cfg: EvalConfig, out: Path, model: str) -> dict[str, Any]:
+def episode_record(
+    task: Task, sample: int, factory: Callable, cfg: EvalConfig, out: Path, model: str
+) -> dict[str, Any]:
     """One episode, scored and measured, as a results.jsonl record (status "error" on failure)."""
     from etude.envs import run_episode
     from etude.rewards import apply_flags, breakdown_json, score

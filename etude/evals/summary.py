@@ -78,11 +78,15 @@ def _efficiency(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, 
     return out
 
 
+def _component_getter(c: str) -> Callable[[dict[str, Any]], Any]:
+    def get(r: dict[str, Any]) -> Any:
+        return ((r.get("adherence") or {}).get("components") or {}).get(c) if _ok(r) else None
+
+    return get
+
+
 def _adherence(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, Any]:
-    comps = {}
-    for c in COMPONENTS:
-        get = (lambda r, c=c: ((r.get("adherence") or {}).get("components") or {}).get(c) if _ok(r) else None)
-        comps[c] = mean_ci(_per_task(groups, get, None), **kw)
+    comps = {c: mean_ci(_per_task(groups, _component_getter(c), None), **kw) for c in COMPONENTS}
     return {"score": mean_ci(_per_task(groups, getters()["adherence"], None), **kw), "components": comps}
 
 
