@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,20 +45,22 @@ class EmbeddingCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.con = _connect(path)
+        self.lock = threading.Lock()  # indexes seeded from one template share this connection across threads
         self.con.execute("CREATE TABLE IF NOT EXISTS emb (key BLOB PRIMARY KEY, vec BLOB NOT NULL) WITHOUT ROWID")
 
     def get_many(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         found: dict[bytes, np.ndarray] = {}
-        for i in range(0, len(keys), 500):  # SQLite's limit on bound parameters is 999 or more
-            part = keys[i : i + 500]
-            sql = f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(part))})"
-            for key, vec in self.con.execute(sql, part):
-                found[key] = np.frombuffer(vec, np.float16).astype(np.float32)
+        with self.lock:
+            for i in range(0, len(keys), 500):  # SQLite's limit on bound parameters is 999 or more
+                part = keys[i : i + 500]
+                sql = f"SELECT key, vec FROM emb WHERE key IN ({','.join('?' * len(part))})"
+                for key, vec in self.con.execute(sql, part):
+                    found[key] = np.frombuffer(vec, np.float16).astype(np.float32)
         return found
 
     def put_many(self, items: Iterable[tuple[bytes, np.ndarray]]) -> None:
         rows = [(k, v.astype(np.float16).tobytes()) for k, v in items]
-        with self.con:
+        with self.lock, self.con:
             self.con.execute("BEGIN")
             self.con.executemany("INSERT OR IGNORE INTO emb (key, vec) VALUES (?, ?)", rows)
 

@@ -130,3 +130,23 @@ def test_first_call_on_a_big_repo_answers_within_its_budget(tmp_path, make_repo,
             break
     assert res.meta["index"]["files_pending"] == 0 and "still being built" not in res.output
     assert res.meta["results"][0]["symbol"] == "fn_39"
+
+
+def test_parallel_calls_from_threads(tmp_path, repo, recorder):
+    """The harness runs tool calls in parallel: workspaces of one template share its cache connection."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    spaces = []
+    for i in range(4):
+        ws = tmp_path / f"ws{i}"
+        shutil.copytree(repo, ws)
+        (ws / f"extra_{i}.py").write_text(f"def only_in_ws_{i}():\n    return {i}\n")
+        spaces.append(ws)
+
+    def call(i):
+        return TOOL.run({"query": f"only_in_ws_{i}", "k": 1}, ctx(spaces[i], template=str(repo)))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(call, range(4)))
+    assert [r.meta["results"][0]["symbol"] for r in results] == [f"only_in_ws_{i}" for i in range(4)]
