@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -26,15 +27,15 @@ def _parse_set(items: list[str]) -> dict[str, object]:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train_cmd(
-        config: Path = typer.Option(..., "--config", help="TOML training config (see configs/tiny.toml)."),
-        out: Path | None = typer.Option(None, "--out", help="Run directory (default runs/<config name>)."),
-        set_: list[str] = typer.Option([], "--set", help="Override a config key, e.g. --set steps=3 --set loss.kl_coef=0.1"),
-        fresh: bool = typer.Option(False, "--fresh", help="Ignore an existing checkpoint in --out (default: resume)."),
+        config: Annotated[Path, typer.Option("--config", help="TOML training config (see configs/tiny.toml).")],
+        out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
+        set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set steps=3 --set loss.kl_coef=0.1")] = None,
+        fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         from etude.train import load_config, train
 
-        cfg = load_config(config, _parse_set(set_))
+        cfg = load_config(config, _parse_set(set_ or []))
         run_dir = out or Path("runs") / config.stem
         res = train(cfg, run_dir, resume=not fresh)
         last = res["last"] or {}

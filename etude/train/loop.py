@@ -12,13 +12,14 @@ own processes, so the batches are the same problems but not necessarily the same
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from etude.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import TrainConfig
 from etude.train.envs import Env, Episode, Problem, make_env
 from etude.train.learner import Learner, Sample
@@ -74,6 +75,8 @@ class _Run:
         self.learner = Learner(cfg)
         self.state: dict[str, Any] = {"step": 0, "version": 0, "cursor": 0, "consumed": [], "baseline": {}}
         ckpt = latest_checkpoint(out) if resume else None
+        if not resume and ckpt_root(out).exists():  # --fresh: an old run's checkpoints must not be resumed later
+            shutil.rmtree(ckpt_root(out))
         if ckpt is not None:
             self.state = load_checkpoint(ckpt, self.learner)
         self.baseline = RunningBaseline(means=dict(self.state.get("baseline") or {}))
@@ -81,7 +84,8 @@ class _Run:
         self.test_problems = self.env.problems("test")
         self.policy = LocalPolicy(self.learner.model, self.learner.tokenizer, id=cfg.model,
                                   version=self.state["version"])
-        self.metrics = MetricsWriter(out, resume_step=self.state["step"])
+        # A fresh run (no checkpoint) drops every old record; a resumed one keeps those ≤ its step.
+        self.metrics = MetricsWriter(out, resume_step=self.state["step"] if ckpt else -1)
         if cfg.use_ray:
             self.executor: Any = RayExecutor(cfg, self.learner, self.state["version"])
         else:

@@ -1,7 +1,8 @@
 """Training metrics: one JSON object per line in `OUT/metrics.jsonl`, and TensorBoard events.
 
 On resume from step `s`, records after `s` (written by the run that was killed) are dropped
-from the JSONL and TensorBoard is told to purge them, so each step appears once.
+from the JSONL and TensorBoard is told to purge them, so each step appears once; `s = -1`
+(a fresh run) drops them all.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(out / "tb"), purge_step=resume_step + 1 if resume_step else None)
+                self.tb = SummaryWriter(str(out / "tb"), purge_step=resume_step + 1 if resume_step > 0 else None)
             except ImportError:  # tensorboard is a pinned dependency; if absent, JSON still works
                 self.tb = None
         self.fh = self.path.open("a")
