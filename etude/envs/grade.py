@@ -33,11 +33,12 @@ class Grading:
 
 
 def strip_protected(patch: str) -> tuple[str, list[str]]:
-    """The patch without file sections that touch protected paths, and those paths."""
+    """The patch without file sections that touch protected paths or create symlinks (a link
+    could point a restored test file's directory outside the workspace), and those paths."""
     kept, dropped = [], []
     for fp in diffs.split_files(patch):
         paths = {fp.path, *_header_paths(fp.header)}
-        if any(layout.is_protected_path(p) for p in paths if p):
+        if any(layout.is_protected_path(p) for p in paths if p) or "120000" in fp.header:
             dropped.append(fp.path)
         else:
             kept.append(fp)
@@ -53,21 +54,30 @@ def _header_paths(header: str) -> list[str]:
     return out
 
 
+def _inside(root: Path, p: Path) -> bool:
+    try:
+        p.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
 def restore_protected(ws: Path, template: Path) -> list[str]:
-    """Make every protected file in `ws` equal to the template's; returns what it changed."""
+    """Make every protected file in `ws` equal to the template's; returns what it changed.
+    Never writes through a symlink: a path whose parent resolves outside `ws` is left alone."""
     changed = []
     ws_files, tpl_files = set(layout.iter_files(ws)), set(layout.iter_files(template))
     for rel in sorted(ws_files | tpl_files):
         if not layout.is_protected_path(rel):
             continue
         src, dst = template / rel, ws / rel
+        if dst.is_symlink() or not _inside(ws, dst.parent):
+            continue  # NOTE: strip_protected drops symlink patches; this guards anything else
         if rel not in tpl_files:
             dst.unlink(missing_ok=True)
             changed.append(rel)
         elif rel not in ws_files or dst.read_bytes() != src.read_bytes():
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if dst.is_symlink():
-                dst.unlink()
             shutil.copyfile(src, dst)
             changed.append(rel)
     return changed

@@ -111,3 +111,23 @@ def test_validation_drops_a_task_whose_gold_patch_fixes_nothing(isodate_tasks):
     broken = dataclasses.replace(t, instance_id="no-fix", patch="")
     v = validate_task(broken, runs=2)
     assert not v.kept and v.reason == "no FAIL_TO_PASS test"
+
+
+@pytest.mark.slow
+def test_validate_command_keeps_good_tasks_and_reports_bad_lines(isodate_tasks, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from etude.tasks import load_tasks, save_tasks
+    from etude.tasks.cli import tasks_app
+
+    f, out = tmp_path / "in.jsonl", tmp_path / "kept.jsonl"
+    save_tasks(isodate_tasks[:1], f)
+    f.write_text(f.read_text() + '{"instance_id": "truncated\n')
+    r = CliRunner().invoke(tasks_app, ["validate", str(f), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout[r.stdout.index("{") :])
+    assert report["tasks"] == 1 and report["kept"] == 1 and len(report["bad_lines"]) == 1
+    assert report["verdicts"][0]["fail_to_pass"] == len(isodate_tasks[0].FAIL_TO_PASS)
+    assert [t.instance_id for t in load_tasks(out)] == [isodate_tasks[0].instance_id]

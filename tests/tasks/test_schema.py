@@ -100,3 +100,10 @@ def test_corrupt_parquet_is_one_clear_error(tmp_path):
     f.write_bytes(b"PAR1 not really")
     with pytest.raises(EtudeError, match="cannot read parquet"):
         load_tasks(f)
+
+
+def test_validate_reports_a_swe_bench_row_it_cannot_build(tmp_path):
+    from etude.tasks.validate import validate_task
+
+    v = validate_task(task_from_dict(SWE_ROW), runs=2)
+    assert not v.kept and "no setup.sdist and no setup.repo_dir" in v.reason

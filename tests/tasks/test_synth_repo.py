@@ -4,7 +4,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("task_cache")]
 
-LIB = '''def clamp(x, lo, hi):
+LIB = """def clamp(x, lo, hi):
     if x < lo:
         return lo
     if x > hi:
@@ -17,9 +17,9 @@ def total(xs):
     for x in xs:
         s = s + x
     return s
-'''
+"""
 
-TESTS = '''from mini.core import clamp, total
+TESTS = """from mini.core import clamp, total
 
 
 def test_clamp_low():
@@ -40,7 +40,7 @@ def test_total():
 
 def test_total_empty():
     assert total([]) == 0
-'''
+"""
 
 
 @pytest.fixture
@@ -63,7 +63,9 @@ def test_synth_on_a_local_repo_makes_graded_tasks(mini_repo):
     assert 1 <= len(tasks) <= 3
     assert sum(stats["kept"].values()) == len(tasks) <= sum(stats["tried"].values())
     for t in tasks:
-        assert t.setup["repo_dir"] == str(mini_repo.resolve()) and t.setup["base_patch"].startswith("diff --git a/mini/")
+        assert t.setup["repo_dir"] == str(mini_repo.resolve()) and t.setup["base_patch"].startswith(
+            "diff --git a/mini/"
+        )
         assert t.FAIL_TO_PASS and t.PASS_TO_PASS
         assert not set(t.FAIL_TO_PASS) & set(t.PASS_TO_PASS)
     t = tasks[0]
