@@ -226,38 +226,42 @@ def extract_code(text: str) -> tuple[str, bool]:
 
 
 class TasksEnv:
-    """Multi-turn repository tasks: harness + sandbox episodes, graded in a clean copy."""
+    """Multi-turn repository tasks: harness + sandbox episodes, graded in a clean copy.
+
+    Problems come from `tasks_file` (the last `num_test` tasks are held out) or from the
+    built-in suite (`etude.tasks.builtin_suite`: its train split, at most `num_train` tasks,
+    and its eval split, at most `num_test`), built on first use.
+    """
 
     name = "tasks"
 
-    def __init__(self, tasks_file: str | None = None, num_test: int = 1, max_steps: int = 6, **_: Any):
+    def __init__(self, tasks_file: str | None = None, num_train: int = 8, num_test: int = 1, max_steps: int = 6,
+                 **_: Any):
         try:
             from etude.envs import run_episode  # noqa: F401
             from etude.rewards import score  # noqa: F401
         except ImportError as e:
             raise EtudeError(f"env 'tasks' needs etude.envs and etude.rewards ({e})") from e
-        self.tasks = self._load(tasks_file)
-        self.n_test = max(0, min(num_test, len(self.tasks) - 1))
-        self.max_steps = max_steps
+        self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
+        self._cache: dict[str, list[Any]] = {}
 
-    @staticmethod
-    def _load(tasks_file: str | None) -> list[Any]:
+    def _tasks(self, split: str) -> list[Any]:
         import etude.tasks as tasks_mod
 
-        if tasks_file:
-            tasks = list(tasks_mod.load_tasks(tasks_file))
-        elif hasattr(tasks_mod, "builtin_suite"):
-            tasks = list(tasks_mod.builtin_suite())
-        else:
-            raise EtudeError("env 'tasks' needs env.tasks_file (no built-in suite available)")
-        if not tasks:
-            raise EtudeError("env 'tasks': no tasks loaded")
-        return tasks
+        if split not in self._cache:
+            if self.tasks_file:
+                every = list(tasks_mod.load_tasks(self.tasks_file))
+                cut = max(1, len(every) - self.num_test)
+                self._cache = {"train": every[:cut][: self.num_train], "test": every[cut:]}
+            else:
+                self._cache[split] = list(tasks_mod.builtin_suite("train" if split == "train" else "eval",
+                                                                  self.num_train if split == "train" else self.num_test))
+        return self._cache[split]
 
     def problems(self, split: str) -> list[Problem]:
-        cut = len(self.tasks) - self.n_test
-        chosen = self.tasks[:cut] if split == "train" else self.tasks[cut:]
-        return [Problem(t.instance_id, "tasks", (Message("user", t.problem_statement),), t) for t in chosen]
+        if split not in ("train", "test"):
+            raise EtudeError(f"unknown split {split!r}")
+        return [Problem(t.instance_id, "tasks", (Message("user", t.problem_statement),), t) for t in self._tasks(split)]
 
     def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
                 top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
