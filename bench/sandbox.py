@@ -3,8 +3,9 @@
 Beside every figure of ours stands the baseline it replaces, measured in the same run:
 - workspace creation: overlay mount vs a full copy (shutil.copytree) vs git worktree, of a
   synthetic 2,000-file, ~20 MB repository (target: overlay >= 50x faster than the copy);
-- command start-up: `etude.sandbox.run` (bwrap + rlimits + cgroups) vs a bare `subprocess.run`
-  of the same command, interleaved (target: <= 10 ms overhead), and the same without cgroups;
+- command start-up: `etude.sandbox.run` (a fresh bwrap + rlimits + cgroups per command) vs a
+  bare `subprocess.run` of the same command, interleaved (target: <= 10 ms overhead), the same
+  without cgroups, and a session sandbox (one bwrap, a command = fork + exec inside);
 - throughput: commands per second at 1/2/4/8 threads, sandboxed vs bare;
 - diff(): overlay (reads only the upper dir) vs a full tree walk (copy workspace).
 Medians of interleaved repeats. This machine is shared: the load average is recorded at start
@@ -23,16 +24,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from etude.sandbox import SandboxConfig, Workspace, run
+from etude.sandbox import SandboxConfig, Workspace, make_sandbox, run
 from etude.sandbox.limits import controller_base
 
 console = Console()
@@ -64,6 +67,11 @@ def timed(fn: Callable[[], object]) -> float:
 
 def med_ms(xs: list[float]) -> float:
     return round(statistics.median(xs) * 1000, 3)
+
+
+def p10_ms(xs: list[float]) -> float:
+    """10th percentile: close to the cost when the shared CPUs happen to be free."""
+    return round(sorted(xs)[len(xs) // 10] * 1000, 3)
 
 
 def bench_workspaces(repo: Path, root: Path, repeats: int, prog: Progress) -> dict:
@@ -103,49 +111,83 @@ def bench_diff(repo: Path, root: Path, prog: Progress) -> dict:
 def bench_startup(ws: Path, repeats: int, prog: Progress) -> dict:
     venv = Path(sys.prefix)
     full = SandboxConfig(ro_binds=(str(venv),), path_prepend=(str(venv / "bin"),))
-    nocg = SandboxConfig(memory_mb=None, max_procs=None, ro_binds=full.ro_binds, path_prepend=full.path_prepend)
+    nocg = replace(full, memory_mb=None, max_procs=None)
     cmds = {"true": ["true"], "python": [sys.executable, "-c", "pass"]}
     inside = {"true": ["true"], "python": ["python", "-c", "pass"]}
-    res: dict[str, dict[str, list[float]]] = {c: {"bare": [], "sandbox": [], "sandbox_no_cgroup": []} for c in cmds}
+    kinds = ("bare", "sandbox", "sandbox_no_cgroup", "session")
+    res: dict[str, dict[str, list[float]]] = {c: {k: [] for k in kinds} for c in cmds}
     task = prog.add_task("command start-up", total=repeats * len(cmds))
-    for _ in range(repeats):
-        for c in cmds:  # interleaved, so load drift hits all three alike
-            res[c]["bare"].append(timed(lambda c=c: subprocess.run(cmds[c], capture_output=True, check=True)))
-            res[c]["sandbox"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=full))))
-            res[c]["sandbox_no_cgroup"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=nocg))))
-            prog.advance(task)
-    out = {}
-    for c, r in res.items():
-        m = {k: med_ms(v) for k, v in r.items()}
-        out[c] = {
-            **{f"{k}_median_ms": v for k, v in m.items()},
-            "overhead_ms": round(m["sandbox"] - m["bare"], 3),
-            "overhead_no_cgroup_ms": round(m["sandbox_no_cgroup"] - m["bare"], 3),
-            "sandbox_over_bare": round(m["sandbox"] / m["bare"], 2),
-            "n": repeats,
-        }
-    return out
+    with make_sandbox(ws, replace(full, session=True)) as sess:  # type: ignore[union-attr]
+        for _ in range(repeats):
+            for c in cmds:  # interleaved, so load drift hits all of them alike
+                res[c]["bare"].append(timed(lambda c=c: subprocess.run(cmds[c], capture_output=True, check=True)))
+                res[c]["sandbox"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=full))))
+                res[c]["sandbox_no_cgroup"].append(timed(lambda c=c: _ok(run(inside[c], workspace=ws, config=nocg))))
+                res[c]["session"].append(timed(lambda c=c: _ok(sess.exec(inside[c]))))
+                prog.advance(task)
+    return {c: _startup_row(r, repeats) for c, r in res.items()}
+
+
+def _startup_row(r: dict[str, list[float]], n: int) -> dict:
+    m = {k: med_ms(v) for k, v in r.items()}
+    return {
+        **{f"{k}_median_ms": v for k, v in m.items()},
+        **{f"{k}_p10_ms": p10_ms(v) for k, v in r.items()},
+        "overhead_ms": round(m["sandbox"] - m["bare"], 3),
+        "overhead_p10_ms": round(p10_ms(r["sandbox"]) - p10_ms(r["bare"]), 3),
+        "overhead_no_cgroup_ms": round(m["sandbox_no_cgroup"] - m["bare"], 3),
+        "overhead_session_ms": round(m["session"] - m["bare"], 3),
+        "sandbox_over_bare": round(m["sandbox"] / m["bare"], 2),
+        "session_over_bare": round(m["session"] / m["bare"], 2),
+        "n": n,
+    }
 
 
 def _ok(r: object) -> None:
     assert getattr(r, "returncode", 1) == 0, r
 
 
+class _SessionPerThread:
+    """One session sandbox per worker thread (a session runs one command at a time)."""
+
+    def __init__(self, ws: Path, n: int) -> None:
+        self.sessions = [make_sandbox(ws, SandboxConfig(session=True)) for _ in range(n)]
+        self.free = list(self.sessions)
+        self.mine = threading.local()
+        self.lock = threading.Lock()
+
+    def exec_true(self) -> None:
+        if not hasattr(self.mine, "sb"):
+            with self.lock:
+                self.mine.sb = self.free.pop()
+        _ok(self.mine.sb.exec(["true"]))
+
+    def close(self) -> None:
+        for sb in self.sessions:
+            sb.close()  # type: ignore[union-attr]
+
+
 def bench_throughput(ws: Path, per_level: int, prog: Progress) -> dict:
+    """Commands per second through n threads: bare, `run` (fresh sandbox each), and one session
+    sandbox per thread (a session runs its commands one at a time)."""
     out = {}
-    task = prog.add_task("throughput 1/2/4/8", total=4 * 2)
+    task = prog.add_task("throughput 1/2/4/8", total=4 * 3)
     for n in (1, 2, 4, 8):
+        pool_of = _SessionPerThread(ws, n)
         row = {}
         for name, fn in (
             ("bare", lambda: subprocess.run(["true"], capture_output=True, check=True)),
             ("sandbox", lambda: _ok(run(["true"], workspace=ws))),
+            ("session", pool_of.exec_true),
         ):
             with ThreadPoolExecutor(n) as pool:
                 t = time.perf_counter()
                 list(pool.map(lambda _, fn=fn: fn(), range(per_level)))
                 row[f"{name}_per_s"] = round(per_level / (time.perf_counter() - t), 1)
             prog.advance(task)
+        pool_of.close()
         row["sandbox_over_bare"] = round(row["sandbox_per_s"] / row["bare_per_s"], 3)
+        row["session_over_bare"] = round(row["session_per_s"] / row["bare_per_s"], 3)
         out[str(n)] = row
     return out
 
@@ -189,6 +231,7 @@ def main() -> None:
     result["targets"] = {
         "overlay_vs_copy_at_least_50x": result["workspace_creation"]["copy_over_overlay"] >= 50,
         "startup_overhead_at_most_10ms": result["startup"]["true"]["overhead_ms"] <= 10,
+        "session_startup_overhead_at_most_10ms": result["startup"]["true"]["overhead_session_ms"] <= 10,
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -216,12 +259,25 @@ def show(r: dict) -> None:
             f"+{s[c]['overhead_ms']} ms",
         )
         t.add_row(
+            "  10th percentile",
+            f"{s[c]['sandbox_p10_ms']} ms",
+            f"{s[c]['bare_p10_ms']} ms",
+            f"+{s[c]['overhead_p10_ms']} ms",
+        )
+        t.add_row(
+            "  session sandbox",
+            f"{s[c]['session_median_ms']} ms",
+            f"{s[c]['bare_median_ms']} ms",
+            f"+{s[c]['overhead_session_ms']} ms",
+        )
+        t.add_row(
             "  without cgroups", f"{s[c]['sandbox_no_cgroup_median_ms']} ms", "", f"+{s[c]['overhead_no_cgroup_ms']} ms"
         )
     for n, row in r["throughput"].items():
         t.add_row(
             f"throughput x{n}", f"{row['sandbox_per_s']}/s", f"{row['bare_per_s']}/s", f"{row['sandbox_over_bare']}"
         )
+        t.add_row("  session", f"{row['session_per_s']}/s", "", f"{row['session_over_bare']}")
     d = r["diff"]
     t.add_row(
         "diff() 10 edits",
