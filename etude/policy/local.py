@@ -180,11 +180,12 @@ class LocalPolicy:
                 torch.manual_seed(seed)
             res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
                                       generation_config=gc)
-        new = res.sequences[:, width:].cpu()
-        # scores[t] are the processed logits (after temperature / top-p) the token at t was drawn from.
-        logp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in res.scores], dim=1).cpu()
-        chosen = logp.gather(-1, new[:, : logp.shape[1], None]).squeeze(-1)
-        return [self._cut(new[r], chosen[r]) for r in range(len(prompts))]
+        new = res.sequences[:, width:]
+        # scores[t] are the processed logits (after temperature / top-p) the token at t was drawn
+        # from. I reduce them step by step: stacking [batch, steps, vocab] would cost gigabytes.
+        chosen = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, new[:, t, None]).squeeze(-1)
+                              for t, sc in enumerate(res.scores)], dim=1).cpu()
+        return [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
 
     def _cut(self, ids: Any, lps: Any) -> tuple[list[int], list[float], str]:
         stops = set(self.stop_token_ids)
