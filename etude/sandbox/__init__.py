@@ -13,6 +13,9 @@ What it guarantees (backend "bwrap", bubblewrap 0.8, Linux; checked by tests/san
 - Limits: memory (memory cgroup when writable + RLIMIT_AS), live processes (pids cgroup when
   writable), CPU seconds, file size, open files (rlimits); output capture bounded per stream.
 - `run` is safe to call from many threads at once.
+- `make_sandbox(ws, SandboxConfig(session=True))`: one long-lived bwrap for many commands, the
+  same isolation and per-command kill rule, a few ms per command; /tmp persists across its
+  commands, which run one at a time; never used for grading (see session.py).
 
 What it does not guarantee:
 - It is not a VM: it shares the host kernel, so a kernel exploit escapes it.
@@ -27,6 +30,16 @@ What it does not guarantee:
 from etude.protocols import ExecResult
 from etude.sandbox.config import SandboxConfig
 from etude.sandbox.runner import BwrapSandbox, make_sandbox, run, run_passthrough
+from etude.sandbox.session import SessionSandbox
 from etude.sandbox.workspace import Workspace
 
-__all__ = ["SandboxConfig", "run", "run_passthrough", "make_sandbox", "BwrapSandbox", "Workspace", "ExecResult"]
+__all__ = [
+    "SandboxConfig",
+    "run",
+    "run_passthrough",
+    "make_sandbox",
+    "BwrapSandbox",
+    "SessionSandbox",
+    "Workspace",
+    "ExecResult",
+]

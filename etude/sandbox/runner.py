@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from etude.errors import EtudeError
 from etude.protocols import ExecResult
@@ -15,6 +16,9 @@ from etude.sandbox.bwrap import bwrap_argv, inside_path
 from etude.sandbox.config import SandboxConfig
 from etude.sandbox.limits import Cgroup, launcher_prefix
 from etude.sandbox.process import TIMEOUT_STATUS, kill_tree, spawn_and_wait
+
+if TYPE_CHECKING:
+    from etude.sandbox.session import SessionSandbox
 
 _LAUNCHER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 _warned = threading.Event()
@@ -112,8 +116,18 @@ class BwrapSandbox:
     def exec(self, argv: Sequence[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult:
         return run(argv, workspace=self.workspace, config=self.config, timeout_s=timeout_s, stdin=stdin)
 
+    def close(self) -> None:
+        """Nothing to release (each command had its own sandbox); here so callers can treat both
+        kinds alike."""
 
-def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapSandbox:
+    def __enter__(self) -> BwrapSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapSandbox | SessionSandbox:
     """A `protocols.Sandbox` for `workspace`. Fails now (clear error) if the backend is unusable."""
     cfg = config or SandboxConfig()
     ws = Path(workspace)
@@ -131,7 +145,7 @@ def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapS
     if cfg.session:
         from etude.sandbox.session import SessionSandbox
 
-        return SessionSandbox(ws.resolve(), cfg)  # type: ignore[return-value]
+        return SessionSandbox(ws.resolve(), cfg)
     return BwrapSandbox(workspace=ws.resolve(), config=cfg)
 
 
