@@ -95,6 +95,7 @@ def run_passthrough(argv: Sequence[str], *, workspace: Path, config: SandboxConf
         except subprocess.TimeoutExpired:
             kill_tree(proc, cg)
             proc.wait()
+            print(f"etude: sandbox: timed out after {cfg.timeout_s:g} s; every process was killed", file=sys.stderr)
             return TIMEOUT_STATUS
         except KeyboardInterrupt:
             kill_tree(proc, cg)

@@ -52,7 +52,7 @@ def test_exec_timeout_is_124(ws: Path) -> None:
         "-c",
         "setsid sleep 271.828 & sleep 271.828",
     )
-    assert p.returncode == 124
+    assert p.returncode == 124 and "timed out after 1 s" in p.stderr
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "271.828" not in ps
 

@@ -205,3 +205,19 @@ def test_worktrees_of_one_template_at_once(tmp_path: Path) -> None:
     assert errors == [] and len(spaces) == 4
     listed = subprocess.run(["git", "-C", str(tpl), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(listed.strip().splitlines()) == 1  # only the template itself is left
+
+
+def test_unusual_file_names_round_trip(tmp_path: Path) -> None:
+    tpl = tmp_path / "tpl"
+    tpl.mkdir()
+    (tpl / 'old "quoted".txt').write_text("q\n")
+    names = ['new "quoted".txt', "tab\there.txt", "ünïcode.txt", "back\\slash.txt", "-dash.txt"]
+    with Workspace.create(tpl, root=tmp_path / "wsroot") as ws:
+        for n in names:
+            (ws.path / n).write_text(f"{n}\n")
+        (ws.path / 'old "quoted".txt').write_text("changed\n")
+        patch = ws.diff()
+    subprocess.run(["git", "apply", "-"], input=patch.encode(), cwd=tpl, check=True)
+    for n in names:
+        assert (tpl / n).read_text() == f"{n}\n"
+    assert (tpl / 'old "quoted".txt').read_text() == "changed\n"
