@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +33,21 @@ def _check(argv: Sequence[str], workspace: Path, cfg: SandboxConfig) -> Path:
     ws = Path(workspace)
     if not ws.is_dir():
         raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
+    validate(cfg)
     return ws.resolve()
+
+
+def validate(cfg: SandboxConfig) -> None:
+    """Refuse a config bwrap or the kernel would reject with an obscure message."""
+    for name in ("memory_mb", "address_space_mb", "cpu_s", "file_size_mb", "open_files", "max_procs", "tmp_mb"):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise EtudeError(f"sandbox: {name} must be a non-negative integer or None, got {value!r}")
+    if cfg.max_output_bytes <= 0:
+        raise EtudeError(f"sandbox: max_output_bytes must be positive, got {cfg.max_output_bytes}")
+    for key, val in cfg.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in str(val):
+            raise EtudeError(f"sandbox: invalid environment variable {key!r}")
 
 
 def _warn_unsandboxed() -> None:
@@ -53,7 +68,9 @@ def _command(
         inner, env, cwd = bwrap_argv(list(argv), ws, cfg), dict(_LAUNCHER_ENV), None
     else:
         _warn_unsandboxed()
-        env = {"PATH": inside_path(cfg), "HOME": str(ws), "LANG": "C.UTF-8", "ETUDE_UNSANDBOXED": "1", **cfg.env}
+        # HOME outside the workspace, so caches a tool writes there do not show up in diff().
+        home = tempfile.gettempdir()
+        env = {"PATH": inside_path(cfg), "HOME": home, "LANG": "C.UTF-8", "ETUDE_UNSANDBOXED": "1", **cfg.env}
         inner, cwd = list(argv), ws
     return launcher_prefix(cfg, cg) + inner, env, cwd
 
@@ -134,6 +151,7 @@ def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapS
     ws = Path(workspace)
     if not ws.is_dir():
         raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
+    validate(cfg)
     if cfg.backend == "bwrap":
         from etude.sandbox.bwrap import bwrap_exe, ro_bind_paths
 

@@ -143,7 +143,12 @@ class SessionSandbox:
     def __init__(self, workspace: Path, config: SandboxConfig) -> None:
         if config.backend != "bwrap" or not config.bind_interpreter:
             raise EtudeError("session sandboxes need backend='bwrap' and bind_interpreter=True")
-        self.workspace, self.config = Path(workspace), config
+        from etude.sandbox.runner import validate
+
+        validate(config)
+        if not Path(workspace).is_dir():
+            raise EtudeError(f"sandbox: workspace is not a directory: {workspace}")
+        self.workspace, self.config = Path(workspace).resolve(), config
         self._lock = threading.Lock()
         self._session: _Session | None = _Session(self.workspace, config)
         self._finalizer = weakref.finalize(self, _close_quietly, self._session)

@@ -55,6 +55,10 @@ def test_bad_input_is_an_etude_error(tmp_path: Path) -> None:
         make_sandbox(tmp_path, SandboxConfig(ro_binds=("/no/such/path",)))
     with pytest.raises(EtudeError):
         make_sandbox(tmp_path, SandboxConfig(backend="docker"))  # type: ignore[arg-type]
+    with pytest.raises(EtudeError, match="memory_mb"):
+        run(["true"], workspace=tmp_path, config=SandboxConfig(memory_mb=-5))
+    with pytest.raises(EtudeError, match="environment"):
+        make_sandbox(tmp_path, SandboxConfig(env={"A=B": "x"}))
 
 
 @pytest.mark.parametrize("kind", ["overlay", "copy"])
