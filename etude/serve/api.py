@@ -221,9 +221,22 @@ def sse(obj: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def stream_chunks(a: Answer, pieces: list[str], include_usage: bool) -> list[bytes]:
+def _bare_chunk(iid: str, model: str, delta: dict[str, Any]) -> bytes:
+    return sse({"id": iid, "object": "chat.completion.chunk", "created": now(), "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+
+
+def role_chunk(iid: str, model: str) -> bytes:
+    return _bare_chunk(iid, model, {"role": "assistant", "content": ""})
+
+
+def content_chunk(iid: str, model: str, text: str) -> bytes:
+    return _bare_chunk(iid, model, {"content": text})
+
+
+def stream_chunks(a: Answer, pieces: list[str], include_usage: bool, with_role: bool = True) -> list[bytes]:
     """The SSE events of one answer: role, text pieces, one chunk per tool call, finish, usage."""
-    out = [sse(_chunk(a, {"role": "assistant", "content": ""}))]
+    out = [sse(_chunk(a, {"role": "assistant", "content": ""}))] if with_role else []
     out += [sse(_chunk(a, {"content": p})) for p in pieces if p]
     for k, call in enumerate(tool_calls_json(a.parsed.tool_calls)):
         out.append(sse(_chunk(a, {"tool_calls": [{"index": k, **call}]})))

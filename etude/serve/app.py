@@ -9,8 +9,9 @@ Headers: the client may send `x-etude-session` (a session id; default: each requ
 session); the user is the body's `user` field. Responses carry `x-etude-interaction-id` (also the
 body's `id`), `x-etude-checkpoint` and `x-etude-session`.
 
-Acknowledgement: a 200 (or, for `stream: true`, the first SSE byte) is sent only after the
-interaction's record is committed, so a client that got a 200 can count on the record.
+Acknowledgement: a non-streamed 200 is sent only after the interaction's record is committed.
+A streamed answer sends text as it is sampled, but its finish chunk (and `[DONE]`) only after
+the commit: a stream that ended without its finish chunk was not acknowledged.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from etude.errors import EtudeError, NotFound
 from etude.serve import registry
-from etude.serve.api import ApiError, completion_body, parse_request, stream_chunks
+from etude.serve.api import ApiError, completion_body, content_chunk, parse_request, role_chunk, sse, stream_chunks
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
-from etude.serve.service import ChatService
+from etude.serve.service import ChatService, Pending
 from etude.store.sql import FEEDBACK_KINDS, SQLStore
 
 _PIECE = re.compile(r"\S+\s*|\s+")
@@ -102,14 +103,16 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
         session = request.headers.get("x-etude-session") or None
         if session is not None and len(session) > 256:
             raise ApiError(400, "x-etude-session is longer than 256 characters")
-        answer, session_id = await service.complete(org, req, session)
-        headers = {"x-etude-interaction-id": answer.id, "x-etude-checkpoint": answer.model,
-                   "x-etude-session": session_id}
+        pending = await service.prepare(org, req, session)
+        headers = {"x-etude-interaction-id": pending.id, "x-etude-checkpoint": pending.route.checkpoint.name,
+                   "x-etude-session": pending.session_id}
         if not req.stream:
+            gen = await asyncio.wrap_future(pending.batcher.submit(pending.job))
+            answer = await service.finish(pending, gen)
             return JSONResponse(completion_body(answer), headers=headers)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = stream_chunks(answer, _PIECE.findall(answer.parsed.text), include_usage)
-        return StreamingResponse(_iterate(events), media_type="text/event-stream", headers=headers)
+        return StreamingResponse(_stream(service, pending, include_usage), media_type="text/event-stream",
+                                 headers=headers)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Any:
@@ -141,9 +144,69 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
     return app
 
 
-async def _iterate(events: list[bytes]) -> AsyncIterator[bytes]:
-    for e in events:
-        yield e
+async def _stream(service: ChatService, p: Pending, include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE: text as it is sampled (when the policy exposes its steps), then — only after the
+    record is committed — the rest of the text, the tool calls, the finish reason, usage, [DONE].
+    A client that did not get the finish chunk was not acknowledged."""
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue[int | None] = asyncio.Queue()
+    visible = VisibleText(getattr(p.batcher.policy, "tokenizer", None), hold_tool_calls=bool(p.tools))
+    if p.batcher.steps_visible and visible.tokenizer is not None:
+        p.job.on_token = lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, tok)
+    fut = asyncio.wrap_future(p.batcher.submit(p.job))
+    fut.add_done_callback(lambda _f: tokens.put_nowait(None))
+    yield role_chunk(p.id, p.route.checkpoint.name)
+    while (tok := await tokens.get()) is not None:
+        delta = visible.add(tok)
+        if delta:
+            yield content_chunk(p.id, p.route.checkpoint.name, delta)
+    try:
+        answer = await service.finish(p, await fut)
+    except Exception as e:  # headers are gone: the error becomes an event, and there is no [DONE]
+        body = e.body() if isinstance(e, ApiError) else ApiError(500, f"internal error: {type(e).__name__}: {e}").body()
+        yield sse(body)
+        return
+    rest = answer.parsed.text[len(visible.sent):] if answer.parsed.text.startswith(visible.sent) else ""
+    for event in stream_chunks(answer, _PIECE.findall(rest), include_usage, with_role=False):
+        yield event
+
+
+class VisibleText:
+    """Incremental decoding of streamed tokens into the text a client may see now: everything
+    before the first `<tool_call>` (tool calls go out as `tool_calls` chunks once parsed), with a
+    suffix that could be the start of that tag, or half a UTF-8 character, held back."""
+
+    OPEN = "<tool_call>"
+
+    def __init__(self, tokenizer: Any, hold_tool_calls: bool):
+        self.tokenizer, self.hold = tokenizer, hold_tool_calls
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stopped = False
+
+    def add(self, tok: int) -> str:
+        if self.stopped:
+            return ""
+        self.ids.append(tok)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        if self.hold:
+            text = self._before_tag(text)
+        if not text.startswith(self.sent):  # decoding revised earlier text (rare): wait for the end
+            return ""
+        delta, self.sent = text[len(self.sent):], text
+        return delta
+
+    def _before_tag(self, text: str) -> str:
+        cut = text.find(self.OPEN)
+        if cut >= 0:
+            self.stopped = True
+            return text[:cut]
+        for k in range(min(len(self.OPEN) - 1, len(text)), 0, -1):
+            if self.OPEN.startswith(text[-k:]):
+                return text[:-k]
+        return text
 
 
 def _feedback_record(org: str, body: bytes) -> dict[str, Any]:

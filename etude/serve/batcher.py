@@ -20,7 +20,7 @@ import dataclasses
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +38,9 @@ class Job:
     future: Future[Generation] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
     meta: dict[str, Any] = field(default_factory=dict)  # queue_s, batch_size; set before the result
+    on_token: Callable[[int], None] | None = None  # called from the worker thread per sampled token
+    first_token_at: float | None = None  # perf_counter() when its first token was sampled
+    t0: float = 0.0
 
 
 @dataclass
@@ -60,6 +63,8 @@ class Batcher:
         self._stop_ids = set(stop_ids or getattr(policy, "stop_token_ids", ()) or ())
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._closed = False
+        self._streamer: Any = None  # the step hook of the batch in progress (see _install_step_hook)
+        self.steps_visible = self.by_ids and self._install_step_hook()
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{getattr(policy, 'id', '?')}", daemon=True)
         self._thread.start()
 
@@ -121,11 +126,33 @@ class Batcher:
             j.meta.update(queue_s=started - j.enqueued, batch_size=len(group))
             j.future.set_result(self._cut(g, j.max_tokens))
 
+    def _install_step_hook(self) -> bool:
+        # NOTE: LocalPolicy has no per-step callback, so I hand transformers' documented
+        # `streamer=` argument to its model's generate() through a wrapper installed here (the
+        # server owns this policy object; only this worker thread generates with it). A
+        # streamer receives the prompt once, then one (batch,) tensor of new tokens per step.
+        model = getattr(self.policy, "model", None)
+        generate = getattr(model, "generate", None)
+        if model is None or not callable(generate):
+            return False
+
+        def with_streamer(*args: Any, **kwargs: Any) -> Any:
+            if self._streamer is not None and kwargs.get("streamer") is None:
+                kwargs["streamer"] = self._streamer
+            return generate(*args, **kwargs)
+
+        model.generate = with_streamer
+        return True
+
     def _generate(self, group: list[Job], temperature: float, top_p: float) -> list[Generation]:
         max_tokens = max(j.max_tokens for j in group)
         if self.by_ids:
-            return list(self.policy.generate_ids([j.prompt_ids for j in group], max_tokens=max_tokens,
-                                                 temperature=temperature, top_p=top_p))
+            self._streamer = _step_streamer(group, self._stop_ids) if self.steps_visible else None
+            try:
+                return list(self.policy.generate_ids([j.prompt_ids for j in group], max_tokens=max_tokens,
+                                                     temperature=temperature, top_p=top_p))
+            finally:
+                self._streamer = None
         if hasattr(self.policy, "generate_batch"):
             return list(self.policy.generate_batch([j.messages for j in group], [], max_tokens=max_tokens,
                                                    temperature=temperature))
@@ -138,3 +165,37 @@ class Batcher:
         tok = getattr(self.policy, "tokenizer", None)
         text = tok.decode(list(ids), skip_special_tokens=True) if tok is not None else g.text
         return dataclasses.replace(g, text=text, token_ids=ids, logprobs=g.logprobs[:max_tokens], finish_reason="length")
+
+
+def _step_streamer(jobs: list[Job], stop_ids: set[int]) -> Any:
+    """A transformers streamer that stamps each row's first token and feeds `on_token`."""
+    from transformers.generation.streamers import BaseStreamer
+
+    class RowStreamer(BaseStreamer):
+        def __init__(self) -> None:
+            self.seen_prompt = False
+            self.count = [0] * len(jobs)
+            self.done = [False] * len(jobs)
+
+        def put(self, value: Any) -> None:
+            if not self.seen_prompt:  # the first call is the prompt batch
+                self.seen_prompt = True
+                return
+            now = time.perf_counter()
+            for r, tok in enumerate(value.reshape(-1).tolist()[: len(jobs)]):
+                job = jobs[r]
+                if self.done[r]:
+                    continue
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                if tok in stop_ids or self.count[r] >= job.max_tokens:
+                    self.done[r] = True
+                    continue
+                self.count[r] += 1
+                if job.on_token is not None:
+                    job.on_token(int(tok))
+
+        def end(self) -> None:
+            pass
+
+    return RowStreamer()

@@ -34,15 +34,33 @@ class Sampling:
     top_p: float
 
 
+@dataclass
+class Pending:
+    """A request that passed validation and routing and is ready for (or in) generation."""
+
+    org: str
+    req: ChatRequest
+    id: str
+    session_id: str
+    route: Route
+    batcher: Batcher
+    job: Job
+    sampling: Sampling
+    messages: list[Message]
+    tools: list[dict[str, Any]]
+    t0: float
+    created: float
+
+
 class ChatService:
     def __init__(self, cfg: ServeConfig, store: SQLStore, pool: PolicyPool):
         self.cfg, self.store, self.pool = cfg, store, pool
         self.router = Router(store)
 
-    async def complete(self, org: str, req: ChatRequest, session: str | None) -> tuple[Answer, str]:
-        """Generate, log durably, and return the answer and the session id used."""
-        t0 = time.perf_counter()
-        created = time.time()
+    async def prepare(self, org: str, req: ChatRequest, session: str | None) -> Pending:
+        """Validate, route, load and tokenise: everything that can fail as a 4xx happens here,
+        before any byte of a (streamed) answer is sent."""
+        t0, created = time.perf_counter(), time.time()
         if len(req.messages) > self.cfg.max_messages:
             raise ApiError(400, f"too many messages ({len(req.messages)} > {self.cfg.max_messages})", "messages")
         sampling = self._sampling(req)
@@ -52,17 +70,26 @@ class ChatService:
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
         batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
         job = await asyncio.to_thread(self._job, batcher, messages, tools, sampling)  # tokenising is CPU work
-        gen = await asyncio.wrap_future(batcher.submit(job))
-        parsed = self._parse(batcher, gen, tools)
-        latency = time.perf_counter() - t0
-        answer = Answer(id=iid, model=route.checkpoint.name, created=int(created), parsed=parsed,
+        job.t0 = t0
+        return Pending(org, req, iid, session_id, route, batcher, job, sampling, messages, tools, t0, created)
+
+    async def finish(self, p: Pending, gen: Generation) -> Answer:
+        """Parse the generation, log it, and return only once the record is committed."""
+        parsed = self._parse(p.batcher, gen, p.tools)
+        latency = time.perf_counter() - p.t0
+        answer = Answer(id=p.id, model=p.route.checkpoint.name, created=int(p.created), parsed=parsed,
                         finish_reason=gen.finish_reason, prompt_tokens=len(gen.prompt_token_ids),
                         completion_tokens=len(gen.token_ids))
-        record = self._record(org, req, session_id, route, sampling, tools, messages, gen, answer, created,
-                              latency, job.meta)
-        items = await asyncio.to_thread(self._items, record, messages)
+        record = self._record(p, gen, answer, latency)
+        items = await asyncio.to_thread(self._items, record, p.messages)
         await asyncio.wrap_future(self.store.submit(items))  # durable before we answer
-        return answer, session_id
+        return answer
+
+    async def complete(self, org: str, req: ChatRequest, session: str | None) -> tuple[Answer, str]:
+        """Generate, log durably, and return the answer and the session id used."""
+        p = await self.prepare(org, req, session)
+        gen = await asyncio.wrap_future(p.batcher.submit(p.job))
+        return await self.finish(p, gen), p.session_id
 
     def _sampling(self, req: ChatRequest) -> Sampling:
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
@@ -104,23 +131,23 @@ class ChatService:
         names = [t["function"]["name"] for t in tools]
         return parse_output(gen.text, "hermes", tools=names)
 
-    def _record(self, org: str, req: ChatRequest, session_id: str, route: Route, s: Sampling,
-                tools: list[dict[str, Any]], messages: list[Message], gen: Generation, a: Answer,
-                created: float, latency: float, meta: dict[str, Any]) -> dict[str, Any]:
+    def _record(self, p: Pending, gen: Generation, a: Answer, latency: float) -> dict[str, Any]:
+        org, req, route, s, meta = p.org, p.req, p.route, p.sampling, p.job.meta
         params = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "stream": req.stream,
                   "tool_choice": req.tool_choice, "seed": req.seed, "batch_size": meta.get("batch_size")}
         response = {"content": a.parsed.text, "tool_calls": tool_calls_json(a.parsed.tool_calls),
                     "parse_errors": list(a.parsed.errors), "raw_text": gen.text}
-        # NOTE: generation is not incremental (the batch returns whole sequences), so the first
-        # token is available when the whole answer is: ttft_s == latency_s on this server.
-        return dict(id=a.id, org_id=org, user_id=req.user or "", session_id=session_id, model=req.model,
+        # The batcher stamps the first sampled token when the policy exposes its steps (LocalPolicy);
+        # otherwise the first token is known only with the whole answer: ttft_s == latency_s.
+        ttft = p.job.first_token_at - p.t0 if p.job.first_token_at is not None else latency
+        return dict(id=a.id, org_id=org, user_id=req.user or "", session_id=p.session_id, model=req.model,
                     checkpoint=route.checkpoint.name, policy_version=int(gen.policy_version or route.checkpoint.version),
-                    experiment_id=route.experiment_id, arm=route.arm, created_at=created, params=params, tools=tools,
+                    experiment_id=route.experiment_id, arm=route.arm, created_at=p.created, params=params,
                     response=response, finish_reason=a.openai_finish, prompt_token_ids=list(gen.prompt_token_ids),
                     completion_token_ids=list(gen.token_ids), logprobs=list(gen.logprobs),
                     prompt_tokens=a.prompt_tokens, completion_tokens=a.completion_tokens, latency_s=latency,
-                    ttft_s=latency, queue_s=meta.get("queue_s"),
-                    messages=[_message_dict(m) for m in messages])
+                    ttft_s=ttft, queue_s=meta.get("queue_s"), tools=p.tools,
+                    messages=[_message_dict(m) for m in p.messages])
 
     def _items(self, record: dict[str, Any], messages: list[Message]) -> list[tuple[str, dict[str, Any]]]:
         """The interaction, plus (when it is a follow-up) its label and a feedback event on the

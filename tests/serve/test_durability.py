@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 def _start(db: str, port: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "ETUDE_DB": db}
-    proc = subprocess.Popen([*ETUDE, "serve", "--model", "tiny", "--port", str(port)], env=env,
+    proc = subprocess.Popen([*ETUDE, "serve", "--model", "tiny", "--port", str(port), "--threads", "1"], env=env,
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -76,8 +76,14 @@ def test_tiny_model_over_openai_client_and_kill_9_loses_no_acknowledged_record(t
         assert len(rec["logprobs"]) == len(rec["completion_token_ids"]) == r.usage.completion_tokens
         assert all(lp <= 0 for lp in rec["logprobs"])
         pieces = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=5, stream=True))
+                                                max_tokens=12, temperature=1.0, stream=True))
         assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+        content = [p.choices[0].delta.content for p in pieces if p.choices and p.choices[0].delta.content]
+        streamed = open_store(db).interaction("acme", pieces[0].id)
+        assert "".join(content) == streamed["response"]["content"]
+        if streamed["completion_tokens"] > 3:  # incremental: text arrived in several chunks, as sampled
+            assert len(content) > 2
+        assert streamed["ttft_s"] <= streamed["latency_s"]
 
         stop, acked = threading.Event(), []
         workers = [threading.Thread(target=_fire, args=(base, key, stop, acked, i)) for i in range(6)]
