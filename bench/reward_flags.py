@@ -190,7 +190,11 @@ def corpus(kind: str) -> list:
     out = []
     for p in sorted((CORPUS / kind).glob("*.diff")):
         spec = manifest.get(f"{kind}/{p.name}", {}).get("task")
-        task = Task("corpus", "corpus", "", "", "", "", FAIL_TO_PASS=tuple(spec["FAIL_TO_PASS"])) if spec else None
+        task = None
+        if spec:
+            task = Task(
+                "corpus", "corpus", "", "", spec.get("test_patch", ""), "", FAIL_TO_PASS=tuple(spec["FAIL_TO_PASS"])
+            )
         out.append((p.name, p.read_text(), task))
     return out
 

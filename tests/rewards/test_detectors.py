@@ -18,7 +18,7 @@ MANIFEST = json.loads((CORPUS / "expected.json").read_text())
 
 def _task(entry: dict):
     t = entry.get("task")
-    return task(FAIL_TO_PASS=tuple(t["FAIL_TO_PASS"])) if t else None
+    return task(FAIL_TO_PASS=tuple(t["FAIL_TO_PASS"]), test_patch=t.get("test_patch", "")) if t else None
 
 
 @pytest.mark.parametrize("rel", sorted(MANIFEST))
