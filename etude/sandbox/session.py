@@ -15,7 +15,7 @@ Differs from `run`, and does not guarantee:
   pipe. Replies are therefore untrusted: size-capped, shape-checked and matched to a random
   per-request id; anything else tears the session down. A command that wins that race could
   still forge its *own* result, so never grade with a session: graders use `run`.
-- If the supervisor dies (OOM-killed, or a command that does not end within timeout + 5 s), the
+- If the supervisor dies (OOM-killed, or a command that does not answer within timeout + 3 s), the
   session is torn down (every process killed), that command gets status 124/137 with a note, and
   the next command starts a fresh session (a clean /tmp).
 """
@@ -43,7 +43,7 @@ from etude.sandbox.limits import Cgroup, launcher_prefix
 from etude.sandbox.process import TIMEOUT_STATUS, kill_tree
 
 _SUPERVISOR = (Path(__file__).parent / "_supervisor.py").read_text()
-_GRACE_S = 5.0  # the supervisor enforces the timeout; we only step in if it does not answer
+_GRACE_S = 3.0  # the supervisor enforces the timeout; we only step in if it does not answer
 _START_S = 30.0
 
 
@@ -81,14 +81,26 @@ class _Session:
             self.close()
             raise EtudeError(f"session sandbox did not start: {detail or 'no output'}") from None
 
-    def send(self, obj: dict) -> None:
+    def send(self, obj: dict, deadline: float) -> None:
+        """One request, written without ever blocking past `deadline` (a command can SIGSTOP
+        its supervisor, which then stops reading)."""
         body = json.dumps(obj).encode()
+        data = memoryview(struct.pack(">I", len(body)) + body)
         assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(struct.pack(">I", len(body)) + body)
-            self.proc.stdin.flush()
-        except OSError as e:
-            raise _Dead from e
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_WRITE)
+            while data:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(timeout=left):
+                    raise _Dead(_LATE)
+                try:
+                    data = data[os.write(fd, data[:65536]) :]
+                except BlockingIOError:
+                    continue
+                except OSError as e:
+                    raise _Dead("supervisor exited") from e
 
     def recv(self, deadline: float, max_bytes: int = 1 << 20) -> dict:
         """One reply. NOTE: the supervisor shares the sandbox with the command, which can take it
@@ -173,7 +185,7 @@ class SessionSandbox:
         oom_before, t0 = s.cg.oom_kills(), time.monotonic()
         cap = 4 * cfg.max_output_bytes + 65536  # two streams, JSON escaping, the marker lines
         try:
-            s.send(req)
+            s.send(req, t0 + limit + _GRACE_S)
             r = s.recv(t0 + limit + _GRACE_S, max_bytes=cap)
             if r.get("id") != rid:
                 raise _Dead("reply for another request")  # forged, or the stream lost its framing

@@ -117,3 +117,11 @@ def test_close_kills_everything_and_is_idempotent(ws: Path) -> None:
 def test_session_needs_bwrap_and_the_interpreter(ws: Path) -> None:
     with pytest.raises(EtudeError):
         SessionSandbox(ws, SandboxConfig(session=True, bind_interpreter=False))
+
+
+def test_a_stopped_supervisor_does_not_hang_the_host(sb: SessionSandbox) -> None:
+    """Regression guard: a command can SIGSTOP its supervisor; the host must give up in time."""
+    r = sb.exec(["sh", "-c", "kill -STOP $PPID"], timeout_s=0.5)
+    assert r.returncode == 124 and "session restarted" in r.stderr
+    r = sb.exec(["wc", "-c"], stdin="z" * 1_000_000)  # a big request to the fresh session
+    assert r.stdout.strip() == "1000000"
