@@ -240,9 +240,12 @@ _ASKS = re.compile(
 
 
 def asks_question(text: str) -> bool:
-    """The message asks the user something: it ends with '?' or uses a clarification phrase."""
-    t = text.strip().lower()
-    return t.endswith("?") or bool(_ASKS.search(t))
+    """The message is mainly a question back to the user: at least half of its sentences end
+    with '?' or use a clarification phrase. An explanation that closes with "Want me to refactor
+    it?" is an answer, not a clarification."""
+    sentences = [x for x in re.split(r"(?<=[.!?])\s+|\n+", text.strip().lower()) if x.strip()]
+    asked = sum(1 for x in sentences if x.rstrip().endswith("?") or _ASKS.search(x))
+    return asked > 0 and 2 * asked >= len(sentences)
 
 
 def _made_edits(trajectory: Trajectory) -> bool:

@@ -90,6 +90,9 @@ def test_needless_clarification_and_its_policy() -> None:
     assert T.needless_clarification(asks, task(meta={"clarification": "needed"}), CFG) == 0.0
     assert T.needless_clarification(asks, task(), RewardConfig(clarification="allow")) is None
     assert T.needless_clarification(traj(final="Fixed."), task(), CFG) == 0.0
+    explained = "parse() reads ISO dates. It returns a date object. It raises on bad input. Want me to add a docstring?"
+    assert T.needless_clarification(traj(final=explained), task(), CFG) == 0.0  # an answer with an offer
+    assert T.asks_question("I read utils.py. Should I rename it everywhere, or only in utils.py?")
 
 
 def test_verbosity_budget() -> None:
