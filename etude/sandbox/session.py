@@ -13,10 +13,10 @@ Differs from `run`, and does not guarantee:
 - Commands of one session run one at a time (a lock), never in parallel.
 - A command shares the sandbox with its supervisor, so it can kill it or write to its reply
   pipe. Replies are therefore untrusted: size-capped, shape-checked and matched to a random
-  per-request id; anything else tears the session down. A command that wins that race could
-  still forge its *own* result, so never grade with a session: graders use `run`.
-- If the supervisor dies (OOM-killed, or a command that does not answer within timeout + 3 s), the
-  session is torn down (every process killed), that command gets status 124/137 with a note, and
+  per-request id; anything else tears the session down. A command that reads the supervisor's
+  memory (same uid; ptrace is not blocked) could still forge its *own* result, so never grade with a session: graders use `run`.
+- If the supervisor dies or stops answering (OOM-killed, killed or stopped by a command; no
+  answer within timeout + 3 s), the session is torn down (every process killed), that command gets status 124/137 with a note, and
   the next command starts a fresh session (a clean /tmp).
 """
 
