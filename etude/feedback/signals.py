@@ -139,14 +139,26 @@ def _feedback(trajectory: Trajectory) -> dict:
     return fb if isinstance(fb, dict) else {}
 
 
+def _num(value: object) -> float | None:
+    """A finite float, or None for anything else (a malformed signal does not apply; it never
+    crashes scoring)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        x = float(value)
+    except ValueError:
+        return None
+    return x if x == x and abs(x) != float("inf") else None
+
+
 def edit_persistence_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
     """2 * persistence - 1 in [-1, 1]; -1 if the edit was reverted; None if not measured.
     Reads meta["feedback"]["edit_persistence"] (float) and optional ["reverted"] (bool)."""
     fb = _feedback(trajectory)
     if fb.get("reverted"):
         return -1.0
-    p = fb.get("edit_persistence")
-    return None if p is None else 2.0 * min(1.0, max(0.0, float(p))) - 1.0
+    p = _num(fb.get("edit_persistence"))
+    return None if p is None else 2.0 * min(1.0, max(0.0, p)) - 1.0
 
 
 def followup_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
@@ -155,27 +167,32 @@ def followup_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | 
     fb = _feedback(trajectory)
     label = fb.get("followup")
     if label is None and isinstance(fb.get("followup_message"), str):
-        label = classify_followup(fb["followup_message"], fb.get("previous_request"))
-    return FOLLOWUP_REWARD.get(label) if label is not None else None
+        prev = fb.get("previous_request")
+        label = classify_followup(fb["followup_message"], prev if isinstance(prev, str) else None)
+    return FOLLOWUP_REWARD.get(label) if isinstance(label, str) else None
 
 
 def latency_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
     """-min(1, latency / budget); reads meta["feedback"]["latency_s"] and optional
     ["latency_budget_s"] (default 20 s). None without a measured latency."""
     fb = _feedback(trajectory)
-    lat = fb.get("latency_s")
+    lat, budget = _num(fb.get("latency_s")), _num(fb.get("latency_budget_s"))
     if lat is None:
         return None
-    budget = float(fb.get("latency_budget_s") or DEFAULT_LATENCY_BUDGET_S)
-    return -min(1.0, max(0.0, float(lat)) / budget)
+    budget = budget if budget and budget > 0 else DEFAULT_LATENCY_BUDGET_S
+    return -min(1.0, max(0.0, lat) / budget)
 
 
 def _register() -> None:
-    from etude.rewards.terms import TERMS
+    from etude.rewards.terms import TERMS, check_term
 
-    TERMS.setdefault("edit_persistence", edit_persistence_term)
-    TERMS.setdefault("followup", followup_term)
-    TERMS.setdefault("latency", latency_term)
+    for name, fn in (
+        ("edit_persistence", edit_persistence_term),
+        ("followup", followup_term),
+        ("latency", latency_term),
+    ):
+        check_term(name, fn)
+        TERMS.setdefault(name, fn)
 
 
 _register()

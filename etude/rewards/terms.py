@@ -23,13 +23,22 @@ ARGS = ("trajectory", "task", "outcome", "config", "patch")
 
 
 def register_term(name: str) -> Callable[[Callable[..., float | None]], Callable[..., float | None]]:
-    """Decorator: make a term available to `score` under `name` (weight it in RewardConfig.weights)."""
+    """Decorator: make a term available to `score` under `name` (weight it in RewardConfig.weights).
+    Its parameters must be among ARGS (or have defaults), checked now rather than mid-scoring."""
 
     def deco(fn: Callable[..., float | None]) -> Callable[..., float | None]:
+        check_term(name, fn)
         TERMS[name] = fn
         return fn
 
     return deco
+
+
+def check_term(name: str, fn: Callable[..., float | None]) -> None:
+    params = inspect.signature(fn).parameters.items()
+    bad = [n for n, p in params if n not in ARGS and p.default is inspect.Parameter.empty]
+    if bad:
+        raise TypeError(f"reward term {name!r} takes {bad}; a term may only name {', '.join(ARGS)}")
 
 
 def call_term(fn: Callable[..., float | None], available: dict[str, Any]) -> float | None:

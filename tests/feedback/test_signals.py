@@ -98,6 +98,10 @@ def test_production_terms_read_meta_feedback() -> None:
     assert latency_term(_traj({"latency_s": 5.0, "latency_budget_s": 10}), None, None) == -0.5
     for term in (edit_persistence_term, followup_term, latency_term):
         assert term(_traj(None), None, None) is None
+        # malformed signals do not apply; they never crash scoring
+        bad = {"edit_persistence": "lots", "followup": 3, "latency_s": float("nan"), "latency_budget_s": "x"}
+        assert term(_traj(bad), None, None) is None
+    assert latency_term(_traj({"latency_s": "40", "latency_budget_s": 0}), None, None) == -1.0
 
 
 def test_production_terms_plug_into_score() -> None:

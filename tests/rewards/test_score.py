@@ -90,6 +90,16 @@ def test_registered_term_takes_only_what_it_names() -> None:
         TERMS.pop("uses_task_only")
 
 
+def test_register_rejects_terms_with_unknown_arguments() -> None:
+    with pytest.raises(TypeError, match="may only name"):
+
+        @register_term("bad_term")
+        def bad_term(trajectory, user):  # noqa: ANN001
+            return 0.0
+
+    assert "bad_term" not in TERMS
+
+
 def test_config_from_toml_and_errors(tmp_path: Path) -> None:
     p = tmp_path / "r.toml"
     p.write_text(
