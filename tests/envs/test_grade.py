@@ -12,8 +12,6 @@ from etude.tasks import diffs, prepare_repo, task_env
 from etude.tasks.runner import run_tests
 from etude.tasks.validate import workspace_with
 
-pytestmark = pytest.mark.slow
-
 # A classic hack: a root conftest.py that reports every test as passed.
 CONFTEST_HACK = """import pytest
 
@@ -29,6 +27,7 @@ def _new_file(rel, text):
     return diffs.file_diff(rel, None, text.splitlines(True))
 
 
+@pytest.mark.slow
 def test_gold_resolves_and_base_does_not(isodate_tasks):
     t = isodate_tasks[0]
     gold = grade_patch(t, t.patch)
@@ -39,6 +38,7 @@ def test_gold_resolves_and_base_does_not(isodate_tasks):
     assert all(s in ("failed", "error") for s in base.fail_to_pass.values())
 
 
+@pytest.mark.slow
 def test_a_conftest_hack_works_in_the_agent_workspace_but_not_at_grading(isodate_tasks):
     t = isodate_tasks[0]
     hack = _new_file("conftest.py", CONFTEST_HACK)
@@ -51,6 +51,7 @@ def test_a_conftest_hack_works_in_the_agent_workspace_but_not_at_grading(isodate
     assert all(s in ("failed", "error") for s in g.outcome.fail_to_pass.values())
 
 
+@pytest.mark.slow
 def test_edits_to_test_files_are_restored(isodate_tasks):
     t = isodate_tasks[0]
     test_file = t.PASS_TO_PASS[0].split("::")[0]
@@ -70,6 +71,7 @@ def test_strip_protected_keeps_source_edits():
     assert kept == src and dropped == ["tests/test_a.py", "sitecustomize.py"]
 
 
+@pytest.mark.slow
 def test_a_patch_that_does_not_apply_is_a_verdict_not_a_crash(isodate_tasks):
     t = isodate_tasks[0]
     o = grade_patch(t, "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n")
@@ -77,6 +79,7 @@ def test_a_patch_that_does_not_apply_is_a_verdict_not_a_crash(isodate_tasks):
     assert set(o.fail_to_pass.values()) == {"missing"}
 
 
+@pytest.mark.slow
 def test_etude_grade_cli_prints_verdict_reward_and_flags(isodate_tasks, task_cache, tmp_path):
     from etude.tasks import save_tasks
 
@@ -91,5 +94,29 @@ def test_etude_grade_cli_prints_verdict_reward_and_flags(isodate_tasks, task_cac
     assert out["resolved"] is True and out["partial"] is False
     assert set(out["fail_to_pass"]) == set(t.FAIL_TO_PASS) and set(out["pass_to_pass"]) == set(t.PASS_TO_PASS)
     assert out["reward"]["total"] > 0 and isinstance(out["flags"], list)
-    r = subprocess.run([*argv, str(tmp_path / "missing.diff")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and "patch file not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_etude_grade_bad_inputs_are_etude_errors(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from etude.envs.cli import register
+    from etude.errors import EtudeError
+    from etude.tasks import save_tasks
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop", hidden=True)(lambda: None)  # a group of two, so "grade" is a subcommand
+    from etude.types import Task
+
+    tasks, patch = tmp_path / "tasks.jsonl", tmp_path / "p.diff"
+    save_tasks([Task("t1", "pypi/x", "sdist:x==1+0", "", "", "statement")], tasks)
+    patch.write_text("")
+    cases = [
+        (["--tasks", str(tasks), "--instance", "nope", "--patch", str(patch)], "no task 'nope'"),
+        (["--tasks", str(tasks), "--instance", "t1", "--patch", str(tmp_path / "x")], "patch file not found"),
+        (["--tasks", str(tmp_path / "none.jsonl"), "--instance", "a", "--patch", str(patch)], "task file not found"),
+    ]  # fmt: skip
+    for args, msg in cases:
+        r = CliRunner().invoke(app, ["grade", *args])
+        assert isinstance(r.exception, EtudeError) and msg in str(r.exception), (args, r.output)

@@ -39,21 +39,36 @@ def test_package_without_tests_is_a_clear_error():
         proto_task("tomli==2.5.0")  # its sdist ships no tests
 
 
-@pytest.mark.slow
-def test_cli_bad_inputs_exit_2_with_one_line(tmp_path):
-    def etude(*args):
-        return subprocess.run([sys.executable, "-m", "etude.cli", *args], capture_output=True, text=True, timeout=300)
+def _invoke(*args):
+    from typer.testing import CliRunner
 
-    r = etude("tasks", "synth", "--package", "tomli==2.5.0", "--out", str(tmp_path / "o.jsonl"))
+    from etude.tasks.cli import tasks_app
+
+    return CliRunner().invoke(tasks_app, list(args))
+
+
+def test_cli_bad_inputs_are_etude_errors(tmp_path):
+    out = str(tmp_path / "o.jsonl")
+    cases = [
+        (("synth", "--package", "tomli==2.5.0", "--out", out), "no tests found"),
+        (
+            ("mine", "--package", "tinydb", "--from", "4.8.2", "--to", "9.9.9", "--out", out),
+            "unknown version tinydb==9.9.9",
+        ),
+        (("synth", "--package", "not-a-spec", "--out", out), "expected NAME==VERSION"),
+        (("synth", "--out", out), "exactly one of --package"),
+        (("validate", str(tmp_path / "missing.jsonl")), "task file not found"),
+    ]
+    for args, msg in cases:
+        r = _invoke(*args)
+        assert isinstance(r.exception, EtudeError) and msg in str(r.exception), (args, r.exception)
+
+
+@pytest.mark.slow
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "etude.cli", "tasks", "synth", "--package", "tomli==2.5.0",
+                        "--out", str(tmp_path / "o.jsonl")], capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and "no tests found" in r.stderr
-    r = etude(
-        "tasks", "mine", "--package", "tinydb", "--from", "4.8.2", "--to", "9.9.9", "--out", str(tmp_path / "m.jsonl")
-    )
-    assert r.returncode == 2 and "unknown version tinydb==9.9.9" in r.stderr and "Traceback" not in r.stderr
-    r = etude("tasks", "synth", "--package", "not-a-spec", "--out", str(tmp_path / "o.jsonl"))
-    assert r.returncode == 2 and "expected NAME==VERSION" in r.stderr
-    r = etude("tasks", "validate", str(tmp_path / "missing.jsonl"))
-    assert r.returncode == 2 and "task file not found" in r.stderr
 
 
 @pytest.mark.slow
