@@ -105,3 +105,20 @@ def test_eq_fallback_reads_lines_when_ast_cannot_parse() -> None:
     ]
     assert _returns_constant(broken_sig)
     assert not _returns_constant([*broken_sig, (4, "        return self.v == other.v", True)])
+
+
+def test_diff_parser_renames_binaries_and_missing_newline() -> None:
+    patch = (
+        "diff --git a/old.py b/tests/test_moved.py\nsimilarity index 100%\nrename from old.py\nrename to tests/test_moved.py\n"
+        "diff --git a/logo.png b/logo.png\nBinary files a/logo.png and b/logo.png differ\n"
+        "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n\\ No newline at end of file\n+x = 2\n"
+        "\\ No newline at end of file\n"
+    )
+    files = parse_diff(patch)
+    assert [(f.old_path, f.new_path, len(f.hunks)) for f in files] == [
+        ("old.py", "tests/test_moved.py", 0),
+        ("logo.png", "logo.png", 0),
+        ("m.py", "m.py", 1),
+    ]
+    assert files[2].added_lines == [(1, "x = 2")] and files[2].removed_lines == ["x = 1"]
+    assert [f.name for f in detect_hacks(patch)] == ["test_file_edit"]  # moving a file into tests/
