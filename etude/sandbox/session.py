@@ -11,10 +11,11 @@ Differs from `run`, and does not guarantee:
   cap the whole session, not each command; RLIMIT_CPU also counts the supervisor's own CPU
   seconds (a few ms per command), so a session lives for at most `cpu_s` of supervisor time.
 - Commands of one session run one at a time (a lock), never in parallel.
-- A command shares the sandbox with its supervisor, so it can kill it or write to its reply
-  pipe. Replies are therefore untrusted: size-capped, shape-checked and matched to a random
-  per-request id; anything else tears the session down. A command that reads the supervisor's
-  memory (same uid; ptrace is not blocked) could still forge its *own* result, so never grade with a session: graders use `run`.
+- A command shares the sandbox (and uid) with its supervisor. The supervisor makes itself
+  non-dumpable, so a command cannot ptrace it, read its memory or open its pipes via /proc; it
+  can still signal it (kill, stop), which tears the session down. Replies are checked anyway
+  (size cap, shape, a random per-request id). Still, the tool-facing session is not where
+  grading happens: graders use `run`, a fresh sandbox per command.
 - If the supervisor dies or stops answering (OOM-killed, killed or stopped by a command; no
   answer within timeout + 3 s), the session is torn down (every process killed), that command gets status 124/137 with a note, and
   the next command starts a fresh session (a clean /tmp).

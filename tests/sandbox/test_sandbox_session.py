@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +16,7 @@ from etude.errors import EtudeError
 from etude.protocols import Sandbox
 from etude.sandbox import SandboxConfig, make_sandbox
 from etude.sandbox.limits import controller_base
-from etude.sandbox.session import SessionSandbox
+from etude.sandbox.session import SessionSandbox, _Dead, _Session
 
 
 def alive(marker: str) -> bool:
@@ -87,22 +90,33 @@ def test_a_command_that_kills_its_supervisor_gets_a_fresh_session(sb: SessionSan
     assert sb.exec(["echo", "ok"]).stdout == "ok\n"
 
 
-def test_a_forged_reply_is_not_trusted(sb: SessionSandbox) -> None:
-    """The command can write to the supervisor's reply pipe; a huge or malformed frame must not
-    crash or exhaust the host: the session is dropped instead."""
-    forge = "import os, struct; os.write(1, struct.pack('>I', 2**31)); os.write(1, b'{')"
-    # The supervisor's stdout is its own fd 1; reach it through /proc/<ppid>/fd/1.
-    r = sb.exec(["sh", "-c", f'python -c "{forge}" > /proc/$PPID/fd/1; sleep 5'], timeout_s=10)
-    assert r.returncode == 137 and "exceeds" in r.stderr
-    well_formed = (
-        "import json, os, struct; b = json.dumps({'id': 'guess', 'rc': 0, 'stdout': 'all tests passed', "
-        "'stderr': '', 'timed_out': False, 'truncated': False, 'wall_s': 0}).encode(); "
-        "os.write(1, struct.pack('>I', len(b)) + b)"
-    )
-    (Path(sb.workspace) / "forge.py").write_text(well_formed)
-    r = sb.exec(["sh", "-c", "python forge.py > /proc/$PPID/fd/1; sleep 5"], timeout_s=10)
-    assert "all tests passed" not in r.stdout and "another request" in r.stderr
-    assert sb.exec(["echo", "ok"]).stdout == "ok\n"
+def test_a_command_cannot_reach_its_supervisor_through_proc(sb: SessionSandbox) -> None:
+    """The supervisor is non-dumpable: its pipes, memory and environment are out of reach."""
+    forged = "import os, struct; b = b'{}'; os.write(1, struct.pack('>I', len(b)) + b)"
+    (Path(sb.workspace) / "forge.py").write_text(forged)
+    r = sb.exec(["sh", "-c", "python forge.py > /proc/$PPID/fd/1; cat /proc/$PPID/environ; head -c1 /proc/$PPID/mem"])
+    assert r.stderr.count("Permission denied") == 3, r.stderr
+    assert sb.exec(["echo", "ok"]).stdout == "ok\n"  # the same session, unharmed
+
+
+@pytest.mark.parametrize(
+    ("frame", "why"),
+    [
+        (struct.pack(">I", 2**31) + b"{", "exceeds"),
+        (struct.pack(">I", 5) + b"[1,2]", "malformed"),
+        (struct.pack(">I", 3) + b"{x}", "malformed"),
+    ],
+)
+def test_host_checks_every_reply(frame: bytes, why: str) -> None:
+    """Defence in depth: should a command ever get hold of the reply pipe, what it writes is
+    size-capped and shape-checked (and ids are checked in exec)."""
+    r, w = os.pipe()
+    os.write(w, frame)
+    os.close(w)
+    s = _Session.__new__(_Session)
+    s.proc = SimpleNamespace(stdout=os.fdopen(r, "rb"))  # type: ignore[assignment]
+    with pytest.raises(_Dead, match=why):
+        s.recv(time.monotonic() + 2, max_bytes=1 << 20)
 
 
 def test_close_kills_everything_and_is_idempotent(ws: Path) -> None:
