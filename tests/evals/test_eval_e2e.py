@@ -1,0 +1,133 @@
+"""`etude eval` end to end on real isodate tasks: real sandbox, real harness, real grading.
+
+The oracle (gold patch written through the tools) must resolve every task with the maximum
+adherence, noop must resolve none, a run killed with SIGKILL midway must resume without
+rerunning the episodes it finished, compare(oracle, noop) must fail the gate, and the HTML
+report must load in a real headless Chromium with its summary table.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from etude.evals import EvalConfig, compare, run_eval
+
+pytestmark = pytest.mark.slow
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def suite(isodate_tasks, tmp_path_factory):
+    from etude.tasks import save_tasks
+
+    assert len(isodate_tasks) >= 2
+    path = tmp_path_factory.mktemp("suite") / "isodate.jsonl"
+    save_tasks(isodate_tasks[:3], path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def oracle_run(suite, tmp_path_factory):
+    out = tmp_path_factory.mktemp("oracle")
+    return out, run_eval(suite, "oracle", out, EvalConfig(workers=2, progress=False))
+
+
+@pytest.fixture(scope="module")
+def noop_run(suite, tmp_path_factory):
+    out = tmp_path_factory.mktemp("noop")
+    return out, run_eval(suite, "noop", out, EvalConfig(workers=2, progress=False, report=False))
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def test_oracle_resolves_everything_with_maximum_adherence(oracle_run, suite):
+    out, s = oracle_run
+    n = len(_lines(suite))
+    assert s["correctness"]["resolved_rate"]["mean"] == 1.0, [
+        r["outcome"] for r in map(json.loads, _lines(out / "results.jsonl"))
+    ]
+    assert s["correctness"]["pass_at_k"]["1"]["mean"] == 1.0
+    assert s["adherence"]["score"] == {"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": n}
+    assert s["errors"] == 0 and s["flags"] == {}
+    recs = [json.loads(x) for x in _lines(out / "results.jsonl")]
+    assert len(recs) == n and all(r["diff"] for r in recs)
+    eff = recs[0]["efficiency"]
+    assert eff["tool_calls"] >= 1 and eff["turns"] == 2 and eff["broken_calls"] == 0 and eff["tokens"] > 0
+    assert all((out / r["trajectory"]).is_file() for r in recs)
+    assert json.loads((out / "summary.json").read_text())["correctness"] == s["correctness"]
+
+
+def test_noop_resolves_nothing(noop_run):
+    out, s = noop_run
+    assert s["correctness"]["resolved_rate"]["mean"] == 0.0
+    assert s["correctness"]["partial_rate"]["mean"] == 0.0
+    assert s["adherence"]["score"]["mean"] is None  # nothing to judge in an empty patch
+    recs = [json.loads(x) for x in _lines(out / "results.jsonl")]
+    assert all(r["status"] == "ok" and r["diff"] == "" and r["efficiency"]["tool_calls"] == 0 for r in recs)
+
+
+def test_compare_oracle_to_noop_fails_the_gate(oracle_run, noop_run):
+    v = compare(oracle_run[0], noop_run[0])
+    r = v["metrics"]["resolved"]
+    assert r["delta"] == -1.0 and r["regression"] and v["gate_passed"] is False
+    assert compare(oracle_run[0], oracle_run[0])["gate_passed"] is True
+
+
+def _chromium_dom(html: Path, profile: Path) -> str:
+    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+            "--dump-dom", html.as_uri()]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs Debian chromium at /usr/bin/chromium")
+def test_report_loads_in_headless_chromium(oracle_run, tmp_path):
+    out, s = oracle_run
+    report = Path(s["report"])
+    dom = _chromium_dom(report, tmp_path / "profile")
+    start = dom.index('<table id="summary">')
+    table = dom[start : dom.index("</table>", start)]
+    assert "resolved rate" in table and "100.0%" in table and "adherence score" in table
+    assert dom.count('class="task"') == s["tasks"]  # one section per task
+    assert "agent diff" in dom and "gold diff" in dom and "reward term" in dom
+    for png in ("plots/correctness_vs_tokens.png", "plots/metrics.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path):
+    # Each episode sleeps 2 s in the sandbox, so the run is killed while one is in flight.
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps([{"tool_calls": [{"name": "run_terminal", "arguments": {"command": "sleep 2"}}]}]))
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "etude.cli", "eval", "--suite", str(suite), "--model", f"scripted:{script}",
+            "--out", str(out), "--workers", "1", "--no-report"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not _lines(out / "results.jsonl") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    first = _lines(out / "results.jsonl")
+    n = len(_lines(suite))
+    assert 1 <= len(first) < n, "the run should have been killed midway"
+
+    s = run_eval(suite, f"scripted:{script}", out, EvalConfig(workers=1, progress=False, report=False))
+    after = _lines(out / "results.jsonl")
+    assert after[: len(first)] == first  # finished records untouched
+    recs = [json.loads(x) for x in after]
+    assert len(recs) == n and len({r["instance_id"] for r in recs}) == n  # nothing ran twice
+    assert {r["pid"] for r in recs[: len(first)]} == {proc.pid}
+    assert all(r["pid"] == os.getpid() for r in recs[len(first) :])
+    assert s["resumed_skipped"] == len(first) and s["episodes"] == n
