@@ -8,7 +8,7 @@ to `busy_timeout_s` for each other instead. Migrations run on open under a file 
 processes opening a fresh file at once do not race.
 
 PostgreSQL works by URL (`postgresql+psycopg://...`, the `postgres` extra) through the same
-Core statements; it is not exercised by the test suite on this machine (no server here).
+Core statements (tests/store/test_postgres.py runs them on a throwaway PostgreSQL 15 cluster).
 """
 
 from __future__ import annotations
