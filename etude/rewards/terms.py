@@ -205,17 +205,19 @@ def is_edit(ex: ToolExecution) -> bool:
     return ex.call.name == "run_terminal" and bool(_EDIT_CMD.search(str(ex.call.arguments.get("command", ""))))
 
 
+_FAILED_OUT = re.compile(r"\b\d+\s+(failed|errors?)\b|^FAILED\b|^ERROR\b", re.M)
+_PASSED_OUT = re.compile(r"\b\d+\s+passed\b|^OK\b", re.M)
+
+
 def run_passed(ex: ToolExecution) -> bool:
-    """Exit code from result.meta["exit_code"]; failing that, read pytest/unittest output."""
-    if not ex.result.ok:
+    """Failed if the output reports failures (so `pytest || true` does not pass); else the exit
+    code from result.meta["exit_code"]; without one, a pytest/unittest success line."""
+    if not ex.result.ok or _FAILED_OUT.search(ex.result.output):
         return False
     code = ex.result.meta.get("exit_code", ex.result.meta.get("returncode"))
     if isinstance(code, int):
         return code == 0
-    out = ex.result.output
-    if re.search(r"\b\d+\s+(failed|errors?)\b|^FAILED|Traceback|^ERROR", out, re.M):
-        return False
-    return bool(re.search(r"\b\d+\s+passed\b|^OK\b", out, re.M))
+    return bool(_PASSED_OUT.search(ex.result.output))
 
 
 def last_test_evidence(trajectory: Trajectory, task: Task | None = None) -> str:

@@ -74,6 +74,8 @@ def test_test_run_status_read_from_output_when_no_exit_code() -> None:
     assert T.is_test_run(run) and not T.run_passed(run)
     ok = ex("run_terminal", command="python -m unittest", output="Ran 3 tests in 0.01s\n\nOK")
     assert T.run_passed(ok)
+    masked = ex("run_terminal", command="pytest -q || true", output="F.\n1 failed, 1 passed in 0.1s", exit_code=0)
+    assert not T.run_passed(masked)  # exit code 0, but the output says it failed
     assert not T.is_test_run(ex("run_terminal", command="ls tests"))
     own = ex("run_terminal", command="cd /workspace && ./run_checks.sh", exit_code=0)
     assert not T.is_test_run(own) and T.is_test_run(own, task(test_cmd="./run_checks.sh"))
