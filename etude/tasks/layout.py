@@ -83,6 +83,14 @@ def test_files(root: Path) -> list[str]:
     return [rel for rel in iter_files(root) if is_test_path(rel)]
 
 
+def test_paths(root: Path) -> list[str]:
+    """What pytest should run for the whole suite: the test directories, or "." when tests sit at
+    the top level or inside the package."""
+    dirs = sorted({rel.split("/", 1)[0] for rel in test_files(root) if "/" in rel})
+    named = [d for d in dirs if d in _TEST_DIRS]
+    return named or dirs[:1] or ["."]
+
+
 def _pkg_info(root: Path) -> email.message.Message | None:
     p = root / "PKG-INFO"
     if not p.is_file():

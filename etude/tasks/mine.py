@@ -38,11 +38,6 @@ class ReleasePair:
     proto: Task  # base task: the whole release diff, F2P/P2P not yet measured
 
 
-def _test_paths(root) -> list[str]:
-    dirs = sorted({rel.split("/", 1)[0] for rel in layout.test_files(root) if "/" in rel and layout.is_test_path(rel)})
-    return [d for d in dirs if d in ("tests", "test", "testing")] or dirs[:1]
-
-
 def release_pair(package: str, v_from: str, v_to: str, extra_deps: Sequence[str] = ()) -> ReleasePair:
     """Fetch both releases and build the diffs and the proto task."""
     old, new = fetch_sdist(package, v_from), fetch_sdist(package, v_to)
@@ -58,7 +53,7 @@ def release_pair(package: str, v_from: str, v_to: str, extra_deps: Sequence[str]
         "sdist": {"package": package, "version": v_from, "sha256": old.sha256},
         "base_patch": "",
         "pythonpath": layout.import_root(new.root),
-        "test_paths": _test_paths(new.root),
+        "test_paths": layout.test_paths(new.root),
         "test_deps": sorted(set(layout.declared_requirements(new.root)) | set(extra_deps)),
     }
     proto = Task(

@@ -81,11 +81,10 @@ def proto_task(
         raise EtudeError(f"{package or repo}: no tests found (tests/, test_*.py); cannot synthesise tasks")
     if not layout.source_files(root):
         raise EtudeError(f"{package or repo}: no Python source files found")
-    test_paths = sorted({r.split("/", 1)[0] for r in layout.test_files(root) if "/" in r}) or ["."]
     setup.update(
         base_patch="",
         pythonpath=layout.import_root(root),
-        test_paths=[p for p in test_paths if p in ("tests", "test", "testing")] or test_paths[:1],
+        test_paths=layout.test_paths(root),
         test_deps=sorted(set(layout.declared_requirements(root)) | set(extra_deps)),
     )
     if "sdist" in setup:
