@@ -16,6 +16,9 @@ Differs from `run`, and does not guarantee:
   can still signal it (kill, stop), which tears the session down. Replies are checked anyway
   (size cap, shape, a random per-request id). Still, the tool-facing session is not where
   grading happens: graders use `run`, a fresh sandbox per command.
+- bwrap's `--die-with-parent` is tied to the *thread* that forked it, so sessions are forked by
+  one long-lived spawner thread: a session outlives the thread that asked for it, and ends
+  with the process.
 - If the supervisor dies or stops answering (OOM-killed, killed or stopped by a command; no
   answer within timeout + 3 s), the session is torn down (every process killed), that command gets status 124/137 with a note, and
   the next command starts a fresh session (a clean /tmp).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import selectors
 import struct
@@ -34,7 +38,9 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from etude.errors import EtudeError
 from etude.protocols import ExecResult
@@ -55,6 +61,38 @@ class _Dead(Exception):
     """The supervisor stopped answering."""
 
 
+class _Spawner:
+    """Forks session launchers from one daemon thread that lives as long as the process.
+
+    NOTE: PR_SET_PDEATHSIG (bwrap --die-with-parent) fires when the forking *thread* exits; a
+    session started from a short-lived worker thread would otherwise die with that thread."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def popen(self, argv: list[str], **kw: Any) -> subprocess.Popen:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="etude-sandbox-spawner", daemon=True)
+                self._thread.start()
+        fut: Future[subprocess.Popen] = Future()
+        self._jobs.put((fut, argv, kw))
+        return fut.result()
+
+    def _loop(self) -> None:
+        while True:
+            fut, argv, kw = self._jobs.get()
+            try:
+                fut.set_result(subprocess.Popen(argv, **kw))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+
+
+_SPAWNER = _Spawner()
+
+
 class _Session:
     """One bwrap + supervisor; owns its process, pipes and cgroup."""
 
@@ -66,7 +104,7 @@ class _Session:
         py = os.path.join(interpreter_prefix(), "bin", "python3")
         argv = launcher_prefix(cfg, self.cg) + bwrap_argv([py, "-I", "-S", "-c", _SUPERVISOR], workspace, cfg)
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(
+        self.proc = _SPAWNER.popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -139,3 +139,19 @@ def test_a_stopped_supervisor_does_not_hang_the_host(sb: SessionSandbox) -> None
     assert r.returncode == 124 and "session restarted" in r.stderr
     r = sb.exec(["wc", "-c"], stdin="z" * 1_000_000)  # a big request to the fresh session
     assert r.stdout.strip() == "1000000"
+
+
+def test_session_outlives_the_thread_that_created_it(ws: Path) -> None:
+    """Regression: --die-with-parent is per thread; a session made in a worker thread died with it."""
+    import threading
+
+    box: dict[str, SessionSandbox] = {}
+    t = threading.Thread(target=lambda: box.setdefault("sb", make_sandbox(ws, SandboxConfig(session=True))))
+    t.start()
+    t.join()
+    with box["sb"] as sb:
+        proc = sb._session.proc  # type: ignore[union-attr]
+        time.sleep(0.3)  # a SIGKILL from the parent-death signal would have landed by now
+        assert proc.poll() is None
+        assert sb.exec(["echo", "ok"]).stdout == "ok\n"
+        assert sb._session.proc is proc  # type: ignore[union-attr]  # the same session, not a restart
