@@ -1,10 +1,11 @@
-"""Resource limits for one command: cgroup v1 (pids, memory) when writable, rlimits via prlimit(1).
+"""Resource limits for one command: cgroup v1 (pids, memory) when writable, and rlimits.
 
 What this guarantees: when the pids/memory cgroup hierarchies are writable (root launcher, cgroup v1
 mounted, as on this host), every process the command starts is in a fresh cgroup that caps the number
 of live processes and the memory, and `Cgroup.kill_all()` finds and kills every one of them, `setsid`
-or not. Rlimits (address space, CPU seconds, file size, open files) are per process and apply to the
-launcher chain too (sh -> prlimit -> bwrap), which stays far below them.
+or not. Rlimits (address space, CPU seconds, file size, open files, no core files) are per process,
+soft = hard, set by the launcher shell's `ulimit` builtins (prlimit(1) where the shell differs), and
+apply to the launcher chain too (sh -> bwrap), which stays far below them.
 
 What it does not: with no writable cgroup and a root launcher there is no process cap (RLIMIT_NPROC
 does not bind uid 0); the memory cap is then RLIMIT_AS only, per process. cgroup v2 is not used (this
