@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -148,9 +149,15 @@ class Batcher:
         max_tokens = max(j.max_tokens for j in group)
         if self.by_ids:
             self._streamer = _step_streamer(group, self._stop_ids) if self.steps_visible else None
+            # NOTE: LocalPolicy restores the global RNG after each call (fork_rng), so without a
+            # seed every call draws the same random numbers: identical prompts would get identical
+            # "samples". I give each batch a fresh seed and log it (params.batch_seed).
+            seed = secrets.randbits(31)
+            for j in group:
+                j.meta["batch_seed"] = seed
             try:
                 return list(self.policy.generate_ids([j.prompt_ids for j in group], max_tokens=max_tokens,
-                                                     temperature=temperature, top_p=top_p))
+                                                     temperature=temperature, top_p=top_p, seed=seed))
             finally:
                 self._streamer = None
         if hasattr(self.policy, "generate_batch"):

@@ -134,7 +134,8 @@ class ChatService:
     def _record(self, p: Pending, gen: Generation, a: Answer, latency: float) -> dict[str, Any]:
         org, req, route, s, meta = p.org, p.req, p.route, p.sampling, p.job.meta
         params = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "stream": req.stream,
-                  "tool_choice": req.tool_choice, "seed": req.seed, "batch_size": meta.get("batch_size")}
+                  "tool_choice": req.tool_choice, "seed": req.seed, "batch_size": meta.get("batch_size"),
+                  "batch_seed": meta.get("batch_seed")}
         response = {"content": a.parsed.text, "tool_calls": tool_calls_json(a.parsed.tool_calls),
                     "parse_errors": list(a.parsed.errors), "raw_text": gen.text}
         # The batcher stamps the first sampled token when the policy exposes its steps (LocalPolicy);

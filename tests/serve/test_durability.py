@@ -84,6 +84,12 @@ def test_tiny_model_over_openai_client_and_kill_9_loses_no_acknowledged_record(t
         if streamed["completion_tokens"] > 3:  # incremental: text arrived in several chunks, as sampled
             assert len(content) > 2
         assert streamed["ttft_s"] <= streamed["latency_s"]
+        # the same prompt twice: two independent samples (each batch gets its own logged seed)
+        twice = [c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "same"}], max_tokens=6,
+                                           temperature=1.0).id for _ in range(2)]
+        recs = [open_store(db).interaction("acme", i) for i in twice]
+        assert recs[0]["params"]["batch_seed"] != recs[1]["params"]["batch_seed"]
+        assert recs[0]["completion_token_ids"] != recs[1]["completion_token_ids"]
 
         stop, acked = threading.Event(), []
         workers = [threading.Thread(target=_fire, args=(base, key, stop, acked, i)) for i in range(6)]

@@ -52,7 +52,7 @@ class StepPolicy:
     def encode_prompt(self, messages):
         return [1, 2, 3]
 
-    def generate_ids(self, prompts, max_tokens, temperature, top_p):
+    def generate_ids(self, prompts, max_tokens, temperature, top_p, seed=None):
         self.model.generate()
         return [Generation(text="", prompt_token_ids=tuple(p)) for p in prompts]
 
