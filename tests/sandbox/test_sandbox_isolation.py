@@ -134,6 +134,19 @@ def test_fork_bomb_hits_the_process_cap_and_leaves_nothing(ws: Path) -> None:
     assert survivors(marker) == []
 
 
+@pytest.mark.skipif(
+    controller_base("pids") is None and os.geteuid() == 0,
+    reason="no pids cgroup and a root launcher: no process cap, a fork bomb would hit the host",
+)
+def test_relentless_fork_bomb_runs_into_the_timeout_and_leaves_nothing(ws: Path) -> None:
+    """A bomb that never gives up (every process forks forever, ignoring failures) until 124."""
+    marker = "relentless-9c4d"
+    code = f"# {marker}\nimport os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    r = run(["python3", "-c", code], workspace=ws, config=SandboxConfig(max_procs=48, timeout_s=1.5))
+    assert (r.returncode, r.timed_out) == (124, True)
+    assert survivors(marker) == []
+
+
 @pytest.mark.skipif(controller_base("pids") is None, reason="pids cgroup not writable here")
 def test_process_cap_counts_live_processes(ws: Path, cfg: SandboxConfig) -> None:
     code = (
