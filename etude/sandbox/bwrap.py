@@ -1,8 +1,9 @@
 """The bubblewrap command line (the hardened line from NOTES.md plus our binds).
 
 Inside: a fresh root with read-only /usr (and /lib, /bin, ... as symlinks into it), a private /proc,
-a minimal /dev, an empty tmpfs /tmp, a synthetic /etc (passwd, group, hosts) and a few harmless host
-files, the host interpreter prefix and `ro_binds` read-only, the workspace read-write at /workspace.
+a minimal /dev, an empty size-capped tmpfs /tmp, a synthetic /etc (passwd, group, hosts) and a few
+harmless host files, the host interpreter prefix and `ro_binds` read-only, the workspace read-write
+at /workspace; the root itself is remounted read-only.
 Every namespace is unshared (user, pid, net, ipc, uts, cgroup, mount): no network but a private
 loopback; uid/gid 1000; no capabilities; a new session (no TIOCSTI into the caller's terminal);
 bwrap dies with its parent. Nothing of the host outside these binds is visible.

@@ -50,7 +50,7 @@ def spawn_and_wait(
     env: dict[str, str],
     cwd: Path | None = None,
 ) -> ExecResult:
-    """Run `argv` (already wrapped in sh/prlimit/bwrap) and return what it did."""
+    """Run `argv` (already wrapped: sh with cgroups + ulimits, then bwrap) and return what it did."""
     start = time.monotonic()
     proc = subprocess.Popen(
         list(argv),

@@ -63,7 +63,7 @@ def _warn_unsandboxed() -> None:
 def _command(
     argv: Sequence[str], ws: Path, cfg: SandboxConfig, cg: Cgroup
 ) -> tuple[list[str], dict[str, str], Path | None]:
-    """The launcher argv (sh -> prlimit -> bwrap -> CMD), its environment and cwd."""
+    """The launcher argv (sh: cgroups + ulimits -> bwrap -> CMD), its environment and cwd."""
     if cfg.backend == "bwrap":
         inner, env, cwd = bwrap_argv(list(argv), ws, cfg), dict(_LAUNCHER_ENV), None
     else:
