@@ -31,7 +31,6 @@ style-checked. ruff parses the files on the host (it never runs them).
 from __future__ import annotations
 
 import ast
-import copy
 import difflib
 import io
 import json
@@ -133,22 +132,22 @@ def _parse(text: str | None) -> ast.Module | None:
 # --- definitions and duplicates -----------------------------------------------------------------
 
 
-class _Canon(ast.NodeTransformer):
-    """Renames every local name and parameter to v0, v1, ... in order of appearance."""
-
-    def __init__(self) -> None:
-        self.names: dict[str, str] = {}
-
-    def _canon(self, name: str) -> str:
-        return self.names.setdefault(name, f"v{len(self.names)}")
-
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        node.id = self._canon(node.id)
-        return node
-
-    def visit_arg(self, node: ast.arg) -> ast.AST:
-        node.arg, node.annotation = self._canon(node.arg), None
-        return node
+def _canon_dump(node: object, names: dict[str, str], count: list[int]) -> str:
+    """ast.dump-like text of `node` with every local name and parameter renamed v0, v1, ... in
+    order of appearance (attribute names and constants kept). No copy of the tree is made."""
+    if isinstance(node, list):
+        return "[" + ",".join(_canon_dump(x, names, count) for x in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    count[0] += 1
+    if isinstance(node, ast.Name):
+        return f"N({names.setdefault(node.id, f'v{len(names)}')})"
+    if isinstance(node, ast.arg):
+        return f"A({names.setdefault(node.arg, f'v{len(names)}')})"  # annotation dropped
+    if isinstance(node, ast.expr_context):
+        return ""
+    fields = ",".join(_canon_dump(getattr(node, f, None), names, count) for f in node._fields)
+    return f"{type(node).__name__}({fields})"
 
 
 def body_key(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str | None:
@@ -156,28 +155,38 @@ def body_key(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> str
     body = list(node.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
         body = body[1:]
-    holder = copy.deepcopy(ast.Module(body=body, type_ignores=[]))
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        holder.body.insert(0, ast.Expr(copy.deepcopy(node.args)))  # parameters are part of the code
-    if sum(1 for _ in ast.walk(holder)) < _MIN_BODY_NODES:
-        return None
-    return ast.dump(_Canon().visit(holder), annotate_fields=False, include_attributes=False)
+    names: dict[str, str] = {}
+    count = [0]
+    params = _canon_dump(node.args, names, count) if not isinstance(node, ast.ClassDef) else ""
+    text = params + _canon_dump(body, names, count)  # parameters are part of the code
+    return text if count[0] >= _MIN_BODY_NODES else None
 
 
-def definitions(path: str, tree: ast.Module) -> list[Def]:
-    """Every function and class of a module, with qualified names."""
-    out: list[Def] = []
+DefNode = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+
+
+def def_nodes(tree: ast.Module) -> list[tuple[str, DefNode, bool]]:
+    """(qualified name, node, top level?) of every function and class of a module."""
+    out: list[tuple[str, DefNode, bool]] = []
 
     def walk(nodes: list[ast.stmt], prefix: str) -> None:
         for node in nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                qual = f"{prefix}{node.name}"
-                sig = None if isinstance(node, ast.ClassDef) else tuple(a.arg for a in _params(node))
-                out.append(Def(path, qual, not prefix, sig, body_key(node)))
-                walk(node.body, f"{qual}.")
+                out.append((f"{prefix}{node.name}", node, not prefix))
+                walk(node.body, f"{prefix}{node.name}.")
 
     walk(tree.body, "")
     return out
+
+
+def make_def(path: str, qual: str, node: DefNode, top: bool) -> Def:
+    sig = None if isinstance(node, ast.ClassDef) else tuple(a.arg for a in _params(node))
+    return Def(path, qual, top, sig, body_key(node))
+
+
+def definitions(path: str, tree: ast.Module) -> list[Def]:
+    """Every function and class of a module, with qualified names and body keys."""
+    return [make_def(path, q, n, top) for q, n, top in def_nodes(tree)]
 
 
 def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
@@ -215,10 +224,10 @@ def _changed_defs(before: Contents, after: Contents) -> tuple[list[Def], set[tup
         if not rel.endswith(".py"):
             continue
         b, a = _parse(before.get(rel)), _parse(after.get(rel))
-        old = {d.qualname: d for d in definitions(rel, b)} if b else {}
-        now = {d.qualname: d for d in definitions(rel, a)} if a else {}
-        new += [d for q, d in now.items() if q not in old]
-        gone |= {(rel, q) for q in old if q not in now}
+        old = {q for q, _, _ in def_nodes(b)} if b else set()
+        now = def_nodes(a) if a else []
+        new += [make_def(rel, q, n, top) for q, n, top in now if q not in old]  # body keys of new ones only
+        gone |= {(rel, q) for q in old - {q for q, _, _ in now}}
     return new, gone
 
 

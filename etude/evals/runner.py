@@ -161,10 +161,12 @@ _GOLD_LOCK = threading.Lock()
 def _gold_facts(task: Task, template: Path, cfg: EvalConfig) -> Any:
     from etude.evals.adherence import patch_facts
 
+    # Keyed by content, not id: two suites may reuse an instance id for another patch.
+    key = hashlib.sha256(json.dumps([str(template), task.patch, list(cfg.ruff_select)]).encode()).hexdigest()
     with _GOLD_LOCK:
-        if task.instance_id not in _GOLD:
-            _GOLD[task.instance_id] = patch_facts(template, task.patch, cfg.ruff_select)
-        return _GOLD[task.instance_id]
+        if key not in _GOLD:
+            _GOLD[key] = patch_facts(template, task.patch, cfg.ruff_select)
+        return _GOLD[key]
 
 
 def adherence_of(task: Task, diff: str, cfg: EvalConfig) -> dict[str, Any]:

@@ -105,9 +105,11 @@ def test_report_loads_in_headless_chromium(oracle_run, tmp_path):
 
 
 def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path):
-    # Each episode sleeps 2 s in the sandbox, so the run is killed while one is in flight.
+    # Each episode sleeps 2 s in the sandbox, so the run is killed while one is in flight. It also
+    # plants a conftest.py: the hack flag must reach the records and the summary.
+    cmd = "sleep 2; echo 'collect_ignore = []' > tests/conftest.py"
     script = tmp_path / "slow.json"
-    script.write_text(json.dumps([{"tool_calls": [{"name": "run_terminal", "arguments": {"command": "sleep 2"}}]}]))
+    script.write_text(json.dumps([{"tool_calls": [{"name": "run_terminal", "arguments": {"command": cmd}}]}]))
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "etude.cli", "eval", "--suite", str(suite), "--model", f"scripted:{script}",
             "--out", str(out), "--workers", "1", "--no-report"]  # fmt: skip
@@ -131,3 +133,4 @@ def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path)
     assert {r["pid"] for r in recs[: len(first)]} == {proc.pid}
     assert all(r["pid"] == os.getpid() for r in recs[len(first) :])
     assert s["resumed_skipped"] == len(first) and s["episodes"] == n
+    assert s["flags"] == {"conftest_edit": n} and all(r["flags"][0]["voids"] for r in recs)
