@@ -26,6 +26,7 @@ rendered back as `<tool_call>{json}</tool_call>` so the model sees its own calls
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -140,8 +141,8 @@ class LocalPolicy:
             with self._lock:
                 rows = self._sample([expanded[i] for i in fits], max_new, temperature, top_p, seed)
             latency = time.perf_counter() - t0
-            for i, (ids, lps, finish) in zip(fits, rows, strict=True):
-                out[i] = self._generation(expanded[i], ids, lps, finish, latency)
+            for i, (ids, lps, finish, routes) in zip(fits, rows, strict=True):
+                out[i] = self._generation(expanded[i], ids, lps, finish, latency, routes)
         return out
 
     def _overflow(self, prompt: list[int]) -> Generation:
@@ -151,15 +152,23 @@ class LocalPolicy:
                           policy_id=self.id, policy_version=self.version)
 
     def _generation(self, prompt: list[int], ids: list[int], lps: list[float], finish: str,
-                    latency: float) -> Generation:
+                    latency: float, routes: Any = None) -> Generation:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return Generation(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids), logprobs=tuple(lps),
-                          finish_reason=finish, policy_id=self.id, policy_version=self.version, latency_s=latency)
+        kw: dict[str, Any] = dict(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids),
+                                  logprobs=tuple(lps), finish_reason=finish, policy_id=self.id,
+                                  policy_version=self.version, latency_s=latency)
+        if routes is not None:  # an MoE model: the routes go to the learner for replay
+            from etude.scale.moe import RoutedGeneration
+
+            return RoutedGeneration(**kw, routes=routes)
+        return Generation(**kw)
 
     def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
-                seed: int | None) -> list[tuple[list[int], list[float], str]]:
+                seed: int | None) -> list[tuple[list[int], list[float], str, Any]]:
         import torch
         from transformers import GenerationConfig
+
+        from etude.scale.moe import is_moe, record_routing, routes_for_rows
 
         pad = self.tokenizer.pad_token_id
         width = max(len(p) for p in prompts)
@@ -175,7 +184,9 @@ class LocalPolicy:
             eos_token_id=self.stop_token_ids, pad_token_id=pad, output_scores=True,
             return_dict_in_generate=True, use_cache=True,
         )
-        with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+        moe = is_moe(self.model)  # MoE: record router choices for replay in training (etude.scale.moe)
+        with torch.inference_mode(), torch.random.fork_rng(devices=[]), \
+                (record_routing(self.model) if moe else contextlib.nullcontext()) as rec:
             if seed is not None:
                 torch.manual_seed(seed)
             res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
@@ -185,7 +196,9 @@ class LocalPolicy:
         # from. I reduce them step by step: stacking [batch, steps, vocab] would cost gigabytes.
         chosen = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, new[:, t, None]).squeeze(-1)
                               for t, sc in enumerate(res.scores)], dim=1).cpu()
-        return [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
+        rows = [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
+        routes = routes_for_rows(rec, width, [len(p) for p in prompts], [len(r[0]) for r in rows]) if moe else None
+        return [(*row, routes[r] if routes else None) for r, row in enumerate(rows)]
 
     def _cut(self, ids: Any, lps: Any) -> tuple[list[int], list[float], str]:
         stops = set(self.stop_token_ids)

@@ -46,6 +46,7 @@ class TurnSample:
     prompt_ids: list[int]  # [num_prompt_tokens]
     completion_ids: list[int]  # [num_completion_tokens]
     logprobs: list[float]  # [num_completion_tokens], behaviour log-probs at sampling time
+    routes: Any = None  # MoE policies only: etude.scale.moe.Routes, replayed by the learner
 
 
 @dataclass
@@ -75,7 +76,7 @@ class Env(Protocol):
 
 
 def sample_of(g: Generation) -> TurnSample:
-    return TurnSample(list(g.prompt_token_ids), list(g.token_ids), list(g.logprobs))
+    return TurnSample(list(g.prompt_token_ids), list(g.token_ids), list(g.logprobs), getattr(g, "routes", None))
 
 
 class SingleTurnEnv:

@@ -34,6 +34,7 @@ class Sample:
     behav_logprobs: list[float]  # [T], logged at sampling time
     advantage: float
     weight: float = 1.0  # aggregation weight of each token (see losses.token_weights)
+    routes: Any = None  # MoE only: etude.scale.moe.Routes recorded at sampling, replayed in training
 
     @property
     def length(self) -> int:
@@ -58,8 +59,11 @@ def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
     return rows
 
 
-def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -> list[torch.Tensor]:
-    """Log-probs of each sample's completion tokens at `temperature`, from one packed forward."""
+def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
+                    moe_stats: dict[str, list[float]] | None = None) -> list[torch.Tensor]:
+    """Log-probs of each sample's completion tokens at `temperature`, from one packed forward.
+    For an MoE model the sampling-time routes are replayed (etude.scale.moe) and the router's
+    load-balancing loss is appended to `moe_stats`."""
     dev = next(model.parameters()).device
     ids, pos, seg, keep, targets = [], [], [], [], []
     for s_i, s in enumerate(samples):
@@ -75,12 +79,21 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -
     mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (seg_t[:, None] == seg_t[None, :])
     # NOTE: logits_to_keep with index tensor: the vocabulary projection (most of a small model's
     # cost) runs only on the positions whose next token is a completion token.
-    logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
-                   attention_mask=mask[None, None], logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
+    with _routing(model, samples, moe_stats):
+        logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
+                       attention_mask=mask[None, None], logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
     logits = logits.float() if temperature == 1.0 else logits.float() / max(temperature, 1e-6)
     logp = torch.log_softmax(logits, -1)
     chosen = logp.gather(-1, torch.tensor(targets, device=dev)[:, None]).squeeze(-1)
     return list(torch.split(chosen, [len(s.completion_ids) for s in samples]))
+
+
+def _routing(model: Any, samples: Sequence[Sample], stats: Any) -> contextlib.AbstractContextManager:
+    from etude.scale.moe import is_moe, replay_packed  # torch only; dense models take the null path
+
+    if not is_moe(model):
+        return contextlib.nullcontext()
+    return replay_packed(model, [s.routes for s in samples], [s.length for s in samples], stats)
 
 
 def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -179,9 +192,10 @@ class Learner:
         lc: LossConfig = self.cfg.loss
         acc: dict[str, list[torch.Tensor]] = {"is": [], "trunc": [], "clip": [], "kl": []}
         rejected, total_loss = 0, 0.0
+        moe_stats: dict[str, list[float]] = {}
         for r_i, row in enumerate(rows):
             with autocast_for(self.cfg.precision, self.device):
-                logps = packed_logprobs(self.model, row, self.cfg.temperature)
+                logps = packed_logprobs(self.model, row, self.cfg.temperature, moe_stats)
             loss = torch.zeros((), device=self.device)
             for s_i, (s, lp) in enumerate(zip(row, logps, strict=True)):
                 behav = torch.tensor(s.behav_logprobs, device=lp.device, dtype=lp.dtype)
@@ -195,7 +209,9 @@ class Learner:
             if loss.requires_grad:
                 loss.backward()
             total_loss += float(loss.detach())
-        return _summary(acc, rejected, sum(len(r) for r in rows), total_loss)
+        out = _summary(acc, rejected, sum(len(r) for r in rows), total_loss)
+        out.update({k: sum(v) / len(v) for k, v in moe_stats.items()})  # MoE: aux loss, route drift
+        return out
 
     # --- weights for rollout workers / checkpoints -------------------------------------------
 

@@ -44,8 +44,8 @@ def to_samples(cfg: TrainConfig, batch: RolloutBatch, baseline: RunningBaseline)
     else:
         groups = [i // cfg.group_size for i in range(len(eps))]
         adv = group_advantages(rewards, groups, scale=cfg.advantage == "grpo")
-    samples = [Sample(t.prompt_ids, t.completion_ids, t.logprobs, a) for e, a in zip(eps, adv, strict=True)
-               for t in e.turns if t.completion_ids]
+    samples = [Sample(t.prompt_ids, t.completion_ids, t.logprobs, a, routes=t.routes)
+               for e, a in zip(eps, adv, strict=True) for t in e.turns if t.completion_ids]
     weights = token_weights([len(s.completion_ids) for s in samples], cfg.aggregation,
                             constant_len=cfg.max_new_tokens)
     for s, w in zip(samples, weights, strict=True):
