@@ -21,6 +21,7 @@ import ctypes.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -149,6 +150,8 @@ class _Unsuitable(Exception):
 
 
 def _make_overlay(tpl: Path, base: Path) -> Path:
+    if sys.platform != "linux":
+        raise _Unsuitable("overlayfs is Linux-only")
     if os.geteuid() != 0:
         raise _Unsuitable("needs root")
     if any(c in str(tpl) for c in ",:\\"):

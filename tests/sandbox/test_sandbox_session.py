@@ -155,3 +155,12 @@ def test_session_outlives_the_thread_that_created_it(ws: Path) -> None:
         assert proc.poll() is None
         assert sb.exec(["echo", "ok"]).stdout == "ok\n"
         assert sb._session.proc is proc  # type: ignore[union-attr]  # the same session, not a restart
+
+
+def test_one_session_shared_by_many_threads(sb: SessionSandbox) -> None:
+    """Commands from several threads are serialised, and each gets its own answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(lambda i: sb.exec(["sh", "-c", f"echo {i}; echo e{i} >&2"]), range(24)))
+    assert [(r.stdout, r.stderr) for r in outs] == [(f"{i}\n", f"e{i}\n") for i in range(24)]
