@@ -23,7 +23,7 @@ from etude.tasks import describe, diffs, layout
 from etude.tasks.fetch import Sdist, fetch_sdist, normalise
 from etude.tasks.repo import base_commit_id
 from etude.tasks.runner import TestRun
-from etude.tasks.validate import classify, run_state, verdict_from_runs
+from etude.tasks.validate import classify, hang_timeout, run_state, verdict_from_runs
 from etude.types import Task
 
 Progress = Callable[[str], None]
@@ -89,15 +89,15 @@ def _units(files: list[diffs.FilePatch], max_trials: int) -> list[list[tuple[int
     return ([] if over else singles) + whole
 
 
-def _trial(proto: Task, patch: str) -> TestRun | None:
+def _trial(proto: Task, patch: str, timeout_s: float) -> TestRun | None:
     try:
-        return run_state(proto, [proto.test_patch, patch], 1)[0]
+        return run_state(proto, [proto.test_patch, patch], 1, timeout_s=timeout_s)[0]
     except EtudeError:
         return None  # this subset does not apply on its own
 
 
 def split_release(
-    proto: Task, f2p: list[str], p2p: list[str], max_trials: int, progress: Progress
+    proto: Task, f2p: list[str], p2p: list[str], max_trials: int, progress: Progress, timeout_s: float
 ) -> list[tuple[str, list[TestRun]]]:
     """(gold patch, its trial runs) per split; the last one is the remainder with the full diff."""
     files = diffs.split_files(proto.patch)
@@ -110,8 +110,8 @@ def split_release(
             break
         progress(f"split trial {i + 1}/{len(units)}")
         sub = diffs.subset(files, unit)
-        run = _trial(proto, sub)
-        if run is None:
+        run = _trial(proto, sub, timeout_s)
+        if run is None or run.timed_out:
             continue
         fixed = {t for t in remaining if run.status.get(t) == "passed"}
         broken = [t for t in p2p if run.status.get(t) != "passed"]
@@ -137,22 +137,30 @@ def mine(package: str, v_from: str, v_to: str, *, split: bool = True, max_trials
     pair = release_pair(package, v_from, v_to, extra_deps)
     proto = pair.proto
     t0 = time.monotonic()
-    say("base runs (old source, new tests)")
-    base = run_state(proto, [proto.test_patch], 2)
     say("gold runs (new source, new tests)")
     gold = run_state(proto, [proto.test_patch, proto.patch], 2)
-    if any(r.timed_out for r in [*base, *gold]):
-        raise EtudeError(f"{package}: the test suite timed out ({proto.timeout_s:.0f} s)")
+    if any(r.timed_out for r in gold):
+        raise EtudeError(f"{package}=={v_to}: its test suite timed out ({proto.timeout_s:.0f} s)")
+    say("base runs (old source, new tests)")
+    base = run_state(proto, [proto.test_patch], 2, timeout_s=hang_timeout(gold, proto))
+    if any(r.timed_out for r in base):
+        raise EtudeError(f"{package}: the new tests hang on the old source (no per-test timeout to isolate them)")
     f2p, p2p, _flaky = classify(base, gold)
     if not f2p:
         raise EtudeError(f"{package} {v_from} -> {v_to}: no test fails on the old source and passes on the new")
     messages = {k: v for r in base for k, v in r.messages.items()}
-    splits = split_release(proto, f2p, p2p, max_trials, say) if split else [(proto.patch, [])]
+    splits = (
+        split_release(proto, f2p, p2p, max_trials, say, hang_timeout(gold, proto)) if split else [(proto.patch, [])]
+    )
     tasks: list[Task] = []
     for i, (patch, trial) in enumerate(splits, 1):
         say(f"validating split {i}/{len(splits)}")
         task = dataclasses.replace(proto, instance_id=f"{proto.instance_id}__{i}", patch=patch)
-        g = trial + run_state(task, [task.test_patch, patch], 2 - len(trial)) if patch != proto.patch else gold
+        g = (
+            trial + run_state(task, [task.test_patch, patch], 2 - len(trial), timeout_s=hang_timeout(gold, proto))
+            if patch != proto.patch
+            else gold
+        )
         v = verdict_from_runs(task, base, g, time.monotonic() - t0)
         if v.kept and v.task is not None:
             tasks.append(_finish(pair, v.task, messages, len(splits)))

@@ -27,7 +27,7 @@ from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.mutators import MUTATORS, count_sites, mutate
 from etude.tasks.repo import base_commit_id
 from etude.tasks.runner import TestRun
-from etude.tasks.validate import classify, run_state
+from etude.tasks.validate import classify, hang_timeout, run_state
 from etude.types import Task
 
 Progress = Callable[[str], None]
@@ -161,7 +161,7 @@ def reference(proto: Task, runs: int = 2) -> tuple[list[TestRun], set[str]]:
 def evaluate(proto: Task, ref: list[TestRun], cand: Candidate, cfg: SynthConfig) -> Task | None:
     """Run the mutant once; a task when the tests catch it (F2P >= 1, P2P >= 1, not too broad)."""
     try:
-        run = run_state(proto, [cand.base_patch], 1)[0]
+        run = run_state(proto, [cand.base_patch], 1, timeout_s=hang_timeout(ref, proto))[0]
     except EtudeError:
         return None
     if run.timed_out:
@@ -170,7 +170,7 @@ def evaluate(proto: Task, ref: list[TestRun], cand: Candidate, cfg: SynthConfig)
     f2p, p2p, _ = classify([run], ref)
     if not f2p or not p2p or len(f2p) > cfg.max_f2p_fraction * (len(f2p) + len(p2p)):
         return None
-    return _task(proto, cand, f2p, p2p, run.messages)
+    return dataclasses.replace(_task(proto, cand, f2p, p2p, run.messages), timeout_s=hang_timeout(ref, proto))
 
 
 def _task(proto: Task, cand: Candidate, f2p: list[str], p2p: list[str], messages: dict[str, str]) -> Task:

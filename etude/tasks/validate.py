@@ -62,14 +62,22 @@ def workspace_with(template: Path, patches: Sequence[str]):
         yield ws.path
 
 
-def run_state(task: Task, patches: Sequence[str], runs: int, targets: Sequence[str] | None = None) -> list[TestRun]:
+def run_state(task: Task, patches: Sequence[str], runs: int, targets: Sequence[str] | None = None,
+              timeout_s: float | None = None) -> list[TestRun]:  # fmt: skip
     """Run the tests `runs` times, each in a fresh workspace at base + patches."""
     template, venv = prepare_repo(task), task_env(task)
     out = []
     for _ in range(runs):
         with workspace_with(template, patches) as ws:
-            out.append(run_tests(ws, task, venv, targets))
+            out.append(run_tests(ws, task, venv, targets, timeout_s))
     return out
+
+
+def hang_timeout(reference: Sequence[TestRun], task: Task) -> float:
+    """A timeout for a changed state, from how long the known-good state took: a mutant or an old
+    release can loop forever, and we would rather drop it in a minute than wait `task.timeout_s`."""
+    slowest = max((r.wall_s for r in reference), default=task.timeout_s)
+    return min(task.timeout_s, max(60.0, 5.0 * slowest))
 
 
 def _ok(status: str) -> bool:
@@ -144,8 +152,8 @@ def validate_task(task: Task, runs: int = 2) -> Verdict:
         raise EtudeError("validation needs at least two runs of each state")
     t0 = time.monotonic()
     try:
-        base = run_state(task, [task.test_patch], runs)
         gold = run_state(task, [task.test_patch, task.patch], runs)
+        base = run_state(task, [task.test_patch], runs, timeout_s=hang_timeout(gold, task))
     except EtudeError as e:
         return Verdict(task.instance_id, False, f"error: {e}", wall_s=time.monotonic() - t0)
     return verdict_from_runs(task, base, gold, time.monotonic() - t0)
@@ -163,5 +171,7 @@ def verdict_from_runs(task: Task, base: Sequence[TestRun], gold: Sequence[TestRu
     if not p2p:
         return Verdict(task.instance_id, False, "no PASS_TO_PASS test", flaky=tuple(flaky), wall_s=wall_s)
     meta = {**task.meta, "flaky_excluded": flaky, "validated_runs": len(base)}
-    new = dataclasses.replace(task, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), meta=meta)
+    # Grading a hanging patch should cost a minute or so, not the default five.
+    new = dataclasses.replace(task, FAIL_TO_PASS=tuple(f2p), PASS_TO_PASS=tuple(p2p), meta=meta,
+                              timeout_s=hang_timeout(gold, task))  # fmt: skip
     return Verdict(task.instance_id, True, "ok", task=new, flaky=tuple(flaky), wall_s=wall_s)
