@@ -8,11 +8,14 @@ Loading happens once per name (concurrent first requests wait for the same load)
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from etude.errors import EtudeError
 from etude.serve.batcher import Batcher
 from etude.serve.registry import Checkpoint
 
@@ -20,11 +23,33 @@ Loader = Callable[[Checkpoint], Any]
 
 
 def load_local(cp: Checkpoint) -> Any:
+    """A model directory / "tiny" / "smollm2" through LocalPolicy; a LoRA adapter directory
+    (peft's adapter_config.json) on top of its base, merged for serving speed. The base is
+    `cp.meta["base"]`, else the adapter config's `base_model_name_or_path`."""
     from etude.policy.local import LocalPolicy
 
-    pol = LocalPolicy.from_pretrained(cp.path, id=cp.name)
+    if (Path(cp.path) / "adapter_config.json").is_file():
+        pol = LocalPolicy(*_load_adapter(cp), id=cp.name)
+    else:
+        pol = LocalPolicy.from_pretrained(cp.path, id=cp.name)
     pol.version = cp.version
     return pol
+
+
+def _load_adapter(cp: Checkpoint) -> tuple[Any, Any]:
+    from peft import PeftModel
+
+    from etude.policy.models import load_model
+
+    path = Path(cp.path)
+    try:
+        base = cp.meta.get("base") or json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError) as e:
+        raise EtudeError(f"adapter {cp.name}: cannot tell its base model ({e}); register it with meta.base") from e
+    model, tok = load_model(str(base))
+    merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    merged.eval()
+    return merged, tok
 
 
 class PolicyPool:

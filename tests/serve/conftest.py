@@ -75,7 +75,8 @@ class Running:
         return self.store.create_key(org)
 
 
-def start_server(tmp_path: Any, delay_s: float = 0.0, **cfg_kw: Any) -> tuple[Running, Any, threading.Thread]:
+def start_server(tmp_path: Any, delay_s: float = 0.0, real_loader: bool = False,
+                 **cfg_kw: Any) -> tuple[Running, Any, threading.Thread]:
     import uvicorn
 
     from etude.serve import ServeConfig, build_app
@@ -90,9 +91,15 @@ def start_server(tmp_path: Any, delay_s: float = 0.0, **cfg_kw: Any) -> tuple[Ru
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    cfg = ServeConfig(model="fake", port=port, db=f"sqlite:///{tmp_path / 'etude.db'}", **cfg_kw)
+    cfg_kw.setdefault("model", "fake")
+    cfg = ServeConfig(port=port, db=f"sqlite:///{tmp_path / 'etude.db'}", **cfg_kw)
     store = open_store(cfg.db)
-    app = build_app(cfg, store, loader=loader)
+    if real_loader:
+        from etude.serve.pool import load_local
+
+        app = build_app(cfg, store, loader=load_local)
+    else:
+        app = build_app(cfg, store, loader=loader)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
