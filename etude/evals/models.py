@@ -17,7 +17,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,18 +77,10 @@ def _scripted(outputs: list[Any], pid: str, final: str) -> Policy:
     return ScriptedPolicy(outputs, id=pid, final=final, native_tools=True)
 
 
-def _shared(build: Callable[[], Policy]) -> PolicyFactory:
-    # One model instance for every episode (loading weights per task would dominate the run);
-    # built lazily under a lock so two workers never load it twice.
-    lock, box = threading.Lock(), []
-
-    def get(task: Task, sample: int) -> Policy:
-        with lock:
-            if not box:
-                box.append(build())
-        return box[0]
-
-    return get
+def _shared(policy: Policy) -> PolicyFactory:
+    # One model instance for every episode: loading weights per task would dominate the run, and
+    # loading it here, before any episode, makes a bad model spec fail at once with one clear line.
+    return lambda task, sample: policy
 
 
 def policy_factory(spec: str, model_name: str | None = None) -> PolicyFactory:
@@ -108,8 +99,8 @@ def policy_factory(spec: str, model_name: str | None = None) -> PolicyFactory:
         served = name or model_name
         if not served:
             raise EtudeError("a server URL needs the served model name: URL#NAME or --model-name NAME")
-        return _shared(lambda: _openai(url, served))
-    return _shared(lambda: _local(spec))
+        return _shared(_openai(url, served))
+    return _shared(_local(spec))
 
 
 def _scripted_file(path: str) -> PolicyFactory:

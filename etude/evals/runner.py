@@ -115,8 +115,8 @@ def run_eval(
     tasks = resolve_suite(suite, cfg.max_tasks)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    factory = policy_factory(model, cfg.model_name)  # a bad spec fails before anything is written
     manifest = _manifest(out, tasks, model, cfg)
-    factory = policy_factory(model, cfg.model_name)
     todo = _todo(tasks, cfg.samples, read_records(out / RESULTS), cfg.retry_errors)
     skipped = len(tasks) * cfg.samples - len(todo)
     writer = ResultsWriter(out / RESULTS)
@@ -124,6 +124,9 @@ def run_eval(
     summary = summarise(list(read_records(out / RESULTS).values()), tasks, cfg, manifest)
     summary["resumed_skipped"] = skipped
     _atomic_write(out / SUMMARY, json.dumps(summary, indent=2) + "\n")
+    if summary["episodes"] and summary["errors"] == summary["episodes"]:
+        first = next(r for r in read_records(out / RESULTS).values() if r.get("status") == "error")
+        raise EtudeError(f"every episode failed ({summary['errors']}); first: {first['error'][:300]}")
     if cfg.report:
         from etude.evals.report import write_report
 

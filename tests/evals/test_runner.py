@@ -1,0 +1,60 @@
+"""The run's bookkeeping without sandboxes: durable records, a crash's partial line, infrastructure
+errors recorded and retried, and a resumed run that must match the one in the folder."""
+
+import json
+
+import pytest
+
+from etude.errors import EtudeError
+from etude.evals import EvalConfig, run_eval
+from etude.evals.records import ResultsWriter, read_records
+from etude.types import Task
+
+
+def broken_task(tmp_path, iid="local__missing"):
+    return Task(instance_id=iid, repo="local/x", base_commit="local", patch="", test_patch="",
+                problem_statement="fix it", setup={"repo_dir": str(tmp_path / "no-such-repo")})  # fmt: skip
+
+
+def test_partial_last_line_is_cut_and_last_record_wins(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({"instance_id": "a", "sample": 0, "v": 1}) + "\n" + '{"instance_id": "b", "sam')
+    assert set(read_records(path)) == {("a", 0)}  # the cut line is not an episode
+    w = ResultsWriter(path)
+    w.append({"instance_id": "a", "sample": 0, "v": 2})
+    w.append({"instance_id": "b", "sample": 0, "v": 3})
+    lines = path.read_text().splitlines()
+    assert len(lines) == 3 and all(json.loads(x) for x in lines)
+    recs = read_records(path)
+    assert recs[("a", 0)]["v"] == 2 and recs[("b", 0)]["v"] == 3
+
+
+def test_infrastructure_errors_are_recorded_then_retried(tmp_path):
+    out = tmp_path / "run"
+    cfg = EvalConfig(workers=1, progress=False, report=False)
+    with pytest.raises(EtudeError, match="every episode failed"):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+    (rec,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert rec["status"] == "error" and "not a directory" in rec["error"] and rec["resolved"] is False
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["errors"] == 1 and summary["correctness"]["resolved_rate"]["mean"] == 0.0
+    with pytest.raises(EtudeError):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2  # retried, not skipped
+
+
+def test_resume_refuses_another_model_or_suite(tmp_path):
+    out = tmp_path / "run"
+    cfg = EvalConfig(workers=1, progress=False, report=False)
+    with pytest.raises(EtudeError):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+    with pytest.raises(EtudeError, match="model='noop'"):
+        run_eval([broken_task(tmp_path)], "oracle", out, cfg)
+    with pytest.raises(EtudeError, match="suite_sha256"):
+        run_eval([broken_task(tmp_path, "other")], "noop", out, cfg)
+
+
+def test_bad_model_spec_fails_before_anything_is_written(tmp_path):
+    with pytest.raises(EtudeError, match="served model name"):
+        run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", EvalConfig(progress=False))
+    assert not (tmp_path / "run" / "run.json").exists()
