@@ -11,6 +11,7 @@ evaluation on the same problems (exact McNemar test on discordant pairs), the fi
 quarter reward difference (Welch 95% CI), and the wall time.
 
     python bench/learning.py [--steps 16] [--prompts 6] [--group 4] [--eval-every 4] [--lr 1e-5]
+    python bench/learning.py --summarise-only --run-dir DIR --steps N   # a run stopped early
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import argparse
 import json
 import math
 import platform
-import time
 from pathlib import Path
 
 import torch
@@ -64,17 +64,20 @@ def mcnemar(first: list[int], last: list[int]) -> dict:
 
 
 def quarter_diff(recs: list[dict]) -> dict:
+    """Mean reward of the last quarter of steps minus the first; the 95% CI treats the samples
+    within each step as independent (per-step std / sqrt(samples))."""
     q = max(1, len(recs) // 4)
-    a, b = [r["reward"] for r in recs[:q]], [r["reward"] for r in recs[-q:]]
-    diff = sum(b) / len(b) - sum(a) / len(a)
-    se = math.sqrt(_var(a) / len(a) + _var(b) / len(b))
-    return {"first_quarter_mean": sum(a) / len(a), "last_quarter_mean": sum(b) / len(b), "diff": diff,
+    a, b = recs[:q], recs[-q:]
+
+    def mean_se(rs: list[dict]) -> tuple[float, float]:
+        m = sum(r["reward"] for r in rs) / len(rs)
+        se = math.sqrt(sum(r["reward_std"] ** 2 / max(1, r["samples"]) for r in rs)) / len(rs)
+        return m, se
+
+    (ma, sa), (mb, sb) = mean_se(a), mean_se(b)
+    diff, se = mb - ma, math.sqrt(sa * sa + sb * sb)
+    return {"first_quarter_mean": ma, "last_quarter_mean": mb, "diff": diff,
             "ci95": [diff - 1.96 * se, diff + 1.96 * se], "steps_per_quarter": q}
-
-
-def _var(x: list[float]) -> float:
-    m = sum(x) / len(x)
-    return sum((v - m) ** 2 for v in x) / max(1, len(x) - 1)
 
 
 def main() -> None:
@@ -88,31 +91,40 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--run-dir", type=Path, default=Path("/tmp/etude-bench-learning"))
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "learning.json")
+    ap.add_argument("--summarise-only", action="store_true", help="Only summarise an existing --run-dir.")
     a = ap.parse_args()
     overrides = {"steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group, "eval_every": a.eval_every,
                  "eval_problems": a.eval_problems, "lr": a.lr, "max_new_tokens": a.max_new_tokens,
                  "checkpoint_every": a.steps, "warmup_steps": 1}
     cfg = load_config(ROOT / "configs" / "smollm.toml", overrides)
-    t0 = time.time()
-    train(cfg, a.run_dir, resume=False)
-    wall = time.time() - t0
-    recs = read_metrics(a.run_dir)
+    if not a.summarise_only:
+        train(cfg, a.run_dir, resume=False)
+    res = summarise(a.run_dir, a.steps)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=1))
+    print(json.dumps({k: res[k] for k in ("base_success", "final_success", "completed_steps", "wall_s",
+                                         "heldout_change_first_to_last", "reward_first_vs_last_quarter")}, indent=1))
+
+
+def summarise(run_dir: Path, planned_steps: int) -> dict:
+    """Curves and tests from a run directory (also one that was stopped before the end)."""
+    cfg = json.loads((run_dir / "config.json").read_text())
+    recs = read_metrics(run_dir)
     tr = [r for r in recs if r["kind"] == "train"]
     ev = [r for r in recs if r["kind"] == "eval"]
     first, last = ev[0], ev[-1]
-    res = {
-        "bench": "learning", "family": "arith (single-turn, exact integer answer)", "model": cfg.model,
+    started = (run_dir / "config.json").stat().st_mtime
+    return {
+        "bench": "learning", "family": "arith (single-turn, exact integer answer)", "model": cfg["model"],
         "machine": platform.platform(), "cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
-        "transformers": transformers.__version__, "config": cfg.to_dict(), "wall_s": wall,
+        "transformers": transformers.__version__, "config": cfg, "planned_steps": planned_steps,
+        "completed_steps": len(tr), "stopped_early": len(tr) < planned_steps,
+        "wall_s": max(r["time"] for r in tr) - started if tr else None,
         "base_success": first["eval/resolved"], "base_in_5_to_60_pct": 0.05 <= first["eval/resolved"] <= 0.60,
-        "final_success": last["eval/resolved"], "reward_curve": reward_curve(tr), "heldout_curve": eval_curve(ev),
-        "heldout_change_first_to_last": mcnemar(first["eval/outcomes"], last["eval/outcomes"]),
+        "final_success": last["eval/resolved"], "final_eval_step": last["step"], "reward_curve": reward_curve(tr),
+        "heldout_curve": eval_curve(ev), "heldout_change_first_to_last": mcnemar(first["eval/outcomes"], last["eval/outcomes"]),
         "reward_first_vs_last_quarter": quarter_diff(tr),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: res[k] for k in ("base_success", "final_success", "wall_s", "heldout_change_first_to_last",
-                                         "reward_first_vs_last_quarter")}, indent=1))
 
 
 if __name__ == "__main__":
