@@ -134,3 +134,66 @@ def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path)
     assert all(r["pid"] == os.getpid() for r in recs[len(first) :])
     assert s["resumed_skipped"] == len(first) and s["episodes"] == n
     assert s["flags"] == {"conftest_edit": n} and all(r["flags"][0]["voids"] for r in recs)
+
+
+def _completion(content, calls=None):
+    msg = {"role": "assistant", "content": content}
+    if calls:
+        msg["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                             for i, (n, a) in enumerate(calls)]  # fmt: skip
+    return {"id": "r", "object": "chat.completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}],
+            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}}  # fmt: skip
+
+
+@pytest.fixture
+def chat_server():
+    """A real HTTP server on loopback speaking the chat-completions API, replaying two replies:
+    two parallel reads plus one call with broken JSON, then a clarification question."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    replies = [
+        _completion(
+            "Looking.",
+            [("list_dir", '{"path": "."}'), ("read_file", '{"path": "README.rst"}'), ("grep", '{"pattern": ')],
+        ),  # fmt: skip
+        _completion("Could you clarify which behaviour you expect?"),
+    ]
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps(replies[min(len(seen), len(replies)) - 1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/v1", seen
+    server.shutdown()
+
+
+def test_openai_server_model_and_efficiency_counts(suite, tmp_path, chat_server):
+    url, seen = chat_server
+    s = run_eval(
+        suite, f"{url}#test-model", tmp_path / "run", EvalConfig(max_tasks=1, workers=1, progress=False, report=False)
+    )
+    (rec,) = [json.loads(x) for x in _lines(tmp_path / "run" / "results.jsonl")]
+    eff = rec["efficiency"]
+    assert seen[0]["model"] == "test-model" and {t["function"]["name"] for t in seen[0]["tools"]} >= {
+        "read_file",
+        "grep",
+    }
+    assert (eff["turns"], eff["tool_calls"], eff["parallel_calls"]) == (2, 2, 2)
+    assert eff["broken_calls"] == 1 and eff["clarifications"] == 1
+    assert (eff["prompt_tokens"], eff["completion_tokens"], eff["token_counts"]) == (200, 20, "usage")
+    assert rec["resolved"] is False and rec["reward"]["terms"]["needless_clarification"] == -1.0
+    assert s["efficiency"]["broken_calls"]["total"] == 1

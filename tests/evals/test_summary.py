@@ -1,0 +1,32 @@
+"""summary.json aggregates from records, with several samples per task, errors and a missing task."""
+
+import pytest
+
+from etude.evals.config import EvalConfig
+from etude.evals.summary import summarise
+from etude.types import Task
+
+
+def task(iid):
+    return Task(instance_id=iid, repo="r", base_commit="b", patch="", test_patch="", problem_statement="p")
+
+
+def rec(iid, k, resolved, adherence=None, tokens=100, status="ok", flags=()):
+    return {"instance_id": iid, "sample": k, "status": status, "resolved": resolved, "partial": False,
+            "adherence": {"score": adherence, "components": {"files": adherence}}, "reward": {"total": float(resolved)},
+            "flags": [{"name": f} for f in flags], "efficiency": {"tokens": tokens, "turns": 2, "stop_reason": "answer"}}  # fmt: skip
+
+
+def test_rates_pass_at_k_errors_and_missing():
+    tasks = [task("a"), task("b"), task("c")]
+    records = [rec("a", 0, True, 1.0, 100), rec("a", 1, False, 0.5, 300, flags=("conftest_edit",)),
+               rec("b", 0, False, None), rec("b", 1, False, status="error")]  # fmt: skip
+    s = summarise(records, tasks, EvalConfig(samples=2), {"model": "m", "suite_sha256": "x"})
+    c = s["correctness"]
+    assert c["resolved_rate"]["mean"] == pytest.approx((0.5 + 0 + 0) / 3)  # c has no record: counts as 0
+    assert c["pass_at_k"]["1"]["mean"] == pytest.approx(0.5 / 3)
+    assert c["pass_at_k"]["2"]["mean"] == pytest.approx(1 / 3)  # a solved in one of its two samples
+    assert s["missing"] == ["c"] and s["errors"] == 1 and s["episodes"] == 4
+    assert s["adherence"]["score"]["mean"] == pytest.approx(0.75) and s["adherence"]["score"]["n"] == 1
+    assert s["efficiency"]["tokens"]["median"] == 100 and s["efficiency"]["tokens"]["total"] == 500
+    assert s["flags"] == {"conftest_edit": 1}
