@@ -101,9 +101,19 @@ def compare_metric(
             "p_value": p, "test": test, "regression": bool(regression), "improvement": bool(sure_better)}  # fmt: skip
 
 
-def compare(run_a: str | Path, run_b: str | Path, config: CompareConfig | None = None) -> dict[str, Any]:
-    """Per-metric deltas (B - A) with intervals, paired p-values, regressions and `gate_passed`."""
+def compare(
+    run_a: str | Path,
+    run_b: str | Path,
+    config: CompareConfig | None = None,
+    *,
+    margins: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Per-metric deltas (B - A) with intervals, paired p-values, regressions and `gate_passed`.
+    `margins` (shorthand) replaces the config's margins."""
     cfg = config or CompareConfig()
+    if margins is not None:
+        cfg = CompareConfig(margins=dict(margins), rule=cfg.rule, confidence=cfg.confidence, bootstrap=cfg.bootstrap,
+                            seed=cfg.seed)  # fmt: skip
     ma, ga = load_run(run_a)
     mb, gb = load_run(run_b)
     if ma["suite_sha256"] != mb["suite_sha256"]:

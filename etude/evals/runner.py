@@ -11,7 +11,8 @@ rewritten after every turn by the harness).
 
 Guarantees: a run killed at any point and started again with the same arguments runs only the
 episodes without a record (and, with `retry_errors`, those whose record is an infrastructure
-error); one failing episode never stops the others (its record has status "error"). A policy that
+error); one failing episode never stops the others (its record has status "error"); on Ctrl-C
+the episodes in flight finish and are recorded, queued ones are cancelled. A policy that
 raises inside the harness is the model's failure (stop reason "error"), not an infrastructure one.
 Not guaranteed: identical results on a rerun of a sampled model (sampling is not seeded here).
 """
@@ -144,8 +145,8 @@ def _run_all(todo: list, run_one: Callable, sink: Callable, cfg: EvalConfig, ski
     with Progress(*cols, console=Console(stderr=True), disable=not cfg.progress) as bar:
         job = bar.add_task(f"eval ({skipped} already done)", total=len(todo) + skipped, completed=skipped)
         pool = ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="etude-eval")
+        pending: set[Future] = {pool.submit(run_one, t, k) for t, k in todo}
         try:
-            pending: set[Future] = {pool.submit(run_one, t, k) for t, k in todo}
             while pending:
                 finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in finished:
@@ -154,7 +155,12 @@ def _run_all(todo: list, run_one: Callable, sink: Callable, cfg: EvalConfig, ski
                     resolved += bool(rec.get("resolved"))
                     bar.update(job, advance=1, description=f"eval: {resolved} resolved")
         finally:
+            # On Ctrl-C, queued episodes are cancelled; those in flight finish and are recorded,
+            # so a resumed run does not pay for them twice.
             pool.shutdown(wait=True, cancel_futures=True)
+            for fut in pending:
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    sink(fut.result())
 
 
 _GOLD: dict[str, Any] = {}

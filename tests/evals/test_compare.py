@@ -59,7 +59,7 @@ def test_noise_within_the_interval_is_not_a_regression_unless_rule_point(tmp_pat
     margins = {"adherence": 0.04}
     ci = compare(a, b, CompareConfig(margins=margins))["metrics"]["adherence"]
     assert ci["delta"] == pytest.approx(-0.05) and ci["ci_high"] == 0.0 and not ci["regression"]
-    point = compare(a, b, CompareConfig(margins=margins, rule="point"))
+    point = compare(a, b, CompareConfig(rule="point"), margins=margins)
     assert point["metrics"]["adherence"]["regression"] and not point["gate_passed"]
 
 
