@@ -9,11 +9,14 @@ member paths (members that escape the target or are links are refused).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import re
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,10 +140,27 @@ def _unpack(archive: Path, dest: Path) -> Path:
     return dest
 
 
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (a lock file), across processes and threads alike."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def fetch_sdist(package: str, version: str, sha256: str | None = None) -> Sdist:
     """Download (or reuse from cache) and unpack NAME==VERSION's sdist. With `sha256` the archive
     must match it; either way it must match the hash PyPI's index publishes."""
     d = cache() / "sdists" / f"{normalise(package)}-{version}"
+    with locked(d.with_name(d.name + ".lock")):
+        return _fetch(package, version, sha256, d)
+
+
+def _fetch(package: str, version: str, sha256: str | None, d: Path) -> Sdist:
     d.mkdir(parents=True, exist_ok=True)
     meta = d / "meta.txt"
     if meta.is_file():

@@ -29,12 +29,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from etude.errors import EtudeError
 from etude.paths import cache
 from etude.tasks.diffs import apply_patch
-from etude.tasks.fetch import fetch_sdist, normalise
+from etude.tasks.fetch import fetch_sdist, locked, normalise
 from etude.types import Task
 
 PYTEST_PIN = "pytest==9.2.0"  # the version the project's own suite pins; every task env gets it
@@ -76,19 +77,24 @@ def _git(root: Path, *args: str) -> None:
 
 
 def _make_template(src: Path, dest: Path, base_patch: str) -> Path:
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, symlinks=False, ignore=_IGNORE)
-    apply_patch(tmp, base_patch)
-    # One commit, so a git-worktree workspace works and `git diff` inside shows only the agent's edits.
-    (tmp / ".gitignore").exists() or (tmp / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
-    _git(tmp, "init", "-q")
-    _git(tmp, "add", "-A", "-f", ".")
-    _git(tmp, "commit", "-q", "--no-verify", "-m", "base")
+    # A private temporary name per call (threads share a pid), renamed into place at the end.
+    scratch = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp", dir=dest.parent))
     try:
-        tmp.rename(dest)
-    except OSError:  # another process built it first: theirs is identical
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = scratch / "t"
+        shutil.copytree(src, tmp, symlinks=False, ignore=_IGNORE)
+        apply_patch(tmp, base_patch)
+        # One commit, so a git-worktree workspace works and `git diff` inside shows only the agent's edits.
+        if not (tmp / ".gitignore").exists():
+            (tmp / ".gitignore").write_text("__pycache__/\n.pytest_cache/\n")
+        _git(tmp, "init", "-q")
+        _git(tmp, "add", "-A", "-f", ".")
+        _git(tmp, "commit", "-q", "--no-verify", "-m", "base")
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process built it first: theirs is identical
+            pass
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return dest
 
 
@@ -124,8 +130,10 @@ def prepare_repo(task: Task) -> Path:
         return dest
     if not task.setup.get("repo_dir"):
         src = fetch_sdist(*sdist_of(task)).root
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return _make_template(src, dest, task.setup.get("base_patch", ""))
+    with locked(dest.with_name(dest.name + ".lock")):
+        if (dest / ".git").is_dir():
+            return dest  # built by another thread or process while we waited
+        return _make_template(src, dest, task.setup.get("base_patch", ""))
 
 
 def test_requirements(task: Task) -> list[str]:
@@ -143,8 +151,16 @@ def make_env(requirements: list[str]) -> Path:
     dest = env_dir(requirements)
     if (dest / ".etude-ready").is_file():
         return dest
-    tmp = dest.with_name(f"{dest.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    with locked(dest.with_name(dest.name + ".lock")):
+        if (dest / ".etude-ready").is_file():
+            return dest
+        return _build_env(dest, requirements)
+
+
+def _build_env(dest: Path, requirements: list[str]) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp", dir=dest.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the sandbox user (uid 1000) must read it
     base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
     # NOTE: we build in tmp and rename. Console scripts then hold a stale shebang, but bin/python
