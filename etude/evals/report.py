@@ -136,6 +136,7 @@ def _episode_view(r: dict[str, Any]) -> dict[str, Any]:
         "tests_passed": passed, "tests_total": len(tests), "failing": [t for t in tests if t[1] != "passed"][:30],
         "total": reward.get("total"), "terms": terms, "flags": r.get("flags") or [],
         "adherence": r.get("adherence") or {}, "efficiency": r.get("efficiency") or {},
+        "trajectory": r.get("trajectory"),
     }  # fmt: skip
 
 
@@ -147,7 +148,11 @@ def write_report(out_dir: str | Path) -> Path:
     from etude.evals.summary import by_task
     from etude.tasks import load_tasks
 
+    from etude.errors import EtudeError
+
     out = Path(out_dir)
+    if not (out / "summary.json").is_file():
+        raise EtudeError(f"{out} has no summary.json (run etude eval first)")
     summary = json.loads((out / "summary.json").read_text())
     tasks = load_tasks(out / "tasks.jsonl")
     records = list(read_records(out / "results.jsonl").values())

@@ -115,6 +115,8 @@ def run_eval(
     cfg = config or EvalConfig()
     tasks = resolve_suite(suite, cfg.max_tasks)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise EtudeError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     factory = policy_factory(model, cfg.model_name)  # a bad spec fails before anything is written
     manifest = _manifest(out, tasks, model, cfg)
