@@ -144,11 +144,10 @@ def write_report(out_dir: str | Path) -> Path:
     """Render OUT/report.html from run.json, tasks.jsonl, results.jsonl and summary.json."""
     import jinja2
 
+    from etude.errors import EtudeError
     from etude.evals.records import read_records
     from etude.evals.summary import by_task
     from etude.tasks import load_tasks
-
-    from etude.errors import EtudeError
 
     out = Path(out_dir)
     if not (out / "summary.json").is_file():
