@@ -120,3 +120,16 @@ def test_etude_grade_bad_inputs_are_etude_errors(tmp_path):
     for args, msg in cases:
         r = CliRunner().invoke(app, ["grade", *args])
         assert isinstance(r.exception, EtudeError) and msg in str(r.exception), (args, r.output)
+
+
+@pytest.mark.slow
+def test_a_voiding_flag_forces_resolved_false_in_the_grade_json(isodate_tasks):
+    from etude.envs.cli import verdict_json
+
+    t = isodate_tasks[0]
+    patch = _new_file("conftest.py", CONFTEST_HACK) + t.patch
+    graded = grade(t, patch)
+    assert graded.outcome.resolved  # the fix is real and the hook was ignored...
+    out = verdict_json(t, patch, graded)
+    assert out["resolved"] is False and out["partial"] is False  # ...but trying it voids the episode
+    assert any(f["voids"] for f in out["flags"]) and out["ignored_paths"] == ["conftest.py"]
