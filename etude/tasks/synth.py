@@ -69,7 +69,7 @@ def _source_tree(package: str | None, repo: Path | None) -> tuple[Path, dict]:
         return repo, {"repo_dir": str(repo.resolve())}
     name, ver = parse_spec(package or "")
     sd = fetch_sdist(name, ver)
-    return sd.root, {"sdist": {"package": name, "version": ver, "sha256": sd.sha256}}
+    return sd.root, {"sdist": {"package": name, "version": ver, "sha256": sd.sha256}, "created_at": sd.upload_time}
 
 
 def proto_task(
@@ -77,6 +77,7 @@ def proto_task(
 ) -> tuple[Task, Path]:
     """The unmutated task (no bug yet) and the original tree it is built from."""
     root, setup = _source_tree(package, repo)
+    created_at = setup.pop("created_at", "")
     if not layout.test_files(root):
         raise EtudeError(f"{package or repo}: no tests found (tests/, test_*.py); cannot synthesise tasks")
     if not layout.source_files(root):
@@ -101,7 +102,9 @@ def proto_task(
         patch="",
         test_patch="",
         problem_statement="",
+        created_at=created_at,  # the release's upload time: the code is that old
         version=ver,
+        environment_setup_commit=base_commit_id(name, ver, sha, ""),  # every mutant shares the release's env
         source=source,
         strategy="synth",
         test_cmd="python -m pytest " + " ".join(setup["test_paths"]),
