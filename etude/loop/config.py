@@ -1,0 +1,243 @@
+"""`LoopConfig`: every knob of `etude loop`, documented where it is declared, loaded from TOML.
+
+The TOML file has a `[loop]` table (top-level fields) and one table per section: `[traffic]`,
+`[distill]`, `[train]`, `[eval]`, `[canary]`, `[alarms]`. Unknown keys are an error, so a typo
+never silently runs a cycle with a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+
+
+@dataclass(frozen=True)
+class TrafficConfig:
+    kind: str = "scripted"
+    """Where interactions come from: "scripted" (scripted users drive the real server over
+    loopback, see etude.loop.users), "command" (run `command`, which must produce traffic itself),
+    or "none" (a real deployment: wait `wait_s` seconds for real users, then read the store)."""
+    users: int = 4
+    """scripted: distinct users per traffic round (the A/B randomisation unit)."""
+    sessions_per_user: int = 1
+    """scripted: agent sessions each user runs per round."""
+    tasks: str = "builtin:train"
+    """scripted: the users' repositories and requests: a task file or builtin:SPLIT."""
+    max_tasks: int = 4
+    """scripted: the first N tasks of `tasks` (sessions cycle through them)."""
+    max_steps: int = 2
+    """scripted: harness turns per agent session."""
+    max_tokens: int = 32
+    """scripted: max_tokens per model turn."""
+    temperature: float = 0.7
+    """scripted: sampling temperature (the trainer scores tokens at the same one)."""
+    concurrency: int = 2
+    """scripted: sessions run at once."""
+    command: str = ""
+    """command: a shell command; gets ETUDE_LOOP_PHASE, ETUDE_LOOP_ROUND, ETUDE_DB, ETUDE_BASE_URL,
+    ETUDE_API_KEY in its environment."""
+    wait_s: float = 0.0
+    """none: seconds to wait for real traffic in each round."""
+    threads: int = 1
+    """torch threads of the server the loop starts for scripted traffic."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("scripted", "command", "none"):
+            raise EtudeError(f"[traffic] kind must be scripted, command or none, not {self.kind!r}")
+        if self.kind == "command" and not self.command.strip():
+            raise EtudeError("[traffic] kind = \"command\" needs a command")
+        if min(self.users, self.sessions_per_user, self.max_tasks, self.max_steps, self.concurrency) < 1:
+            raise EtudeError("[traffic] users, sessions_per_user, max_tasks, max_steps, concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class DistillSection:
+    max_staleness: int = 2
+    """policy versions behind production an interaction may be and still be trained on."""
+    latency_budget_s: float = 20.0
+    """latency at which the latency reward term reaches -1."""
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    steps: int = 2
+    """optimizer steps over the distilled samples (each step = one batch)."""
+    batch_size: int = 16
+    """samples per step (batches cycle over the samples in a seeded order)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    micro_batch_tokens: int = 2048
+    """packed tokens per micro-batch."""
+    is_cap: float = 2.0
+    """truncated importance-sampling cap against the behaviour log-probs."""
+    kl_coef: float = 0.0
+    """k3 KL to the served weights (0: off)."""
+    min_samples: int = 1
+    """fewer distilled samples than this: the cycle stops (no candidate) with decision "skip"."""
+
+
+@dataclass(frozen=True)
+class EvalSection:
+    suite: str = "builtin:eval"
+    """held-out suite: a task file or builtin:SPLIT (never the traffic tasks)."""
+    max_tasks: int = 2
+    """first N tasks of the suite."""
+    max_steps: int = 2
+    """harness turns per eval episode."""
+    max_tokens: int = 32
+    """max_tokens per eval turn."""
+    workers: int = 1
+    """eval episodes at once."""
+    rule: str = "ci"
+    """etude.evals.compare rule: "ci" or "point"."""
+    margins: dict[str, float] | None = None
+    """gate margins per metric (None: etude.evals' defaults)."""
+    required: bool = True
+    """False: a failed gate is recorded but the candidate still goes to canary."""
+
+
+@dataclass(frozen=True)
+class GuardrailSpec:
+    metric: str
+    higher_is_better: bool = False
+    margin: float = 0.5
+
+
+@dataclass(frozen=True)
+class CanarySection:
+    weights: tuple[float, float] = (0.5, 0.5)
+    """share of users routed to production (control) and to the candidate (canary)."""
+    rounds: int = 2
+    """most rounds of canary traffic (the max window); undecided after these: roll back."""
+    min_rounds: int = 1
+    """rounds always collected before a decision may be taken."""
+    alpha: float = 0.05
+    """level of the A/B readout (intervals, mSPRT)."""
+    primary: str = "accept_rate"
+    """the metric that decides a promotion (see etude.loop.metrics.METRICS)."""
+    primary_higher_is_better: bool = True
+    """direction of `primary` (False for e.g. dissatisfied_rate)."""
+    harm_margin: float = 0.0
+    """promote when the primary metric's lift interval lies above -harm_margin (relative)."""
+    guardrails: tuple[GuardrailSpec, ...] = (GuardrailSpec("dissatisfied_rate", False, 0.5),
+                                             GuardrailSpec("latency_s", False, 1.0))
+    """non-inferiority guardrails (etude.experiments.Guardrail); a failing one rolls back."""
+
+    def __post_init__(self) -> None:
+        if len(self.weights) != 2 or min(self.weights) <= 0:
+            raise EtudeError("[canary] weights must be two positive numbers (control, canary)")
+        if self.rounds < 1 or not 1 <= self.min_rounds <= self.rounds:
+            raise EtudeError("[canary] need 1 <= min_rounds <= rounds")
+        from etude.loop.metrics import METRICS
+
+        bad = [m for m in (self.primary, *(g.metric for g in self.guardrails)) if m not in METRICS]
+        if bad:
+            raise EtudeError(f"[canary] unknown metric(s) {', '.join(bad)}; known: {', '.join(METRICS)}")
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    metric: str
+    direction: str = "up"  # "up" | "down": which change of the candidate is suspicious
+    threshold: float = 0.1  # absolute change of the ratio (relative when `relative`)
+    relative: bool = False
+
+
+def _default_alarms() -> tuple[AlarmSpec, ...]:
+    # The hacks seen in production RL: broken tool calls, asking instead of doing, avoiding
+    # edits (nothing to revert), padding answers.
+    return (AlarmSpec("tool_error_rate", "up", 0.25), AlarmSpec("clarification_rate", "up", 0.25),
+            AlarmSpec("edit_rate", "down", 0.3), AlarmSpec("answer_length", "up", 0.5, relative=True))
+
+
+@dataclass(frozen=True)
+class AlarmSection:
+    min_interactions: int = 3
+    """per arm; fewer and no alarm is evaluated (reported as insufficient)."""
+    rules: tuple[AlarmSpec, ...] = field(default_factory=_default_alarms)
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    name: str = "loop"
+    """prefix of candidate checkpoint names (`<name>-c0001`) and experiment ids."""
+    root: str = "runs/loop"
+    """cycle directories live under it (`cycle-0001/state.json`, ...)."""
+    db: str | None = None
+    """store URL (default: sqlite file `<root>/etude.db`)."""
+    org: str = "loop"
+    """organisation whose traffic is collected and trained on."""
+    model: str = "tiny"
+    """initial production checkpoint when the registry has none ("tiny", "smollm2", a directory)."""
+    seed: int = 0
+    traffic: TrafficConfig = field(default_factory=TrafficConfig)
+    distill: DistillSection = field(default_factory=DistillSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+    canary: CanarySection = field(default_factory=CanarySection)
+    alarms: AlarmSection = field(default_factory=AlarmSection)
+
+    def db_url(self) -> str:
+        return self.db or f"sqlite:///{Path(self.root).resolve() / 'etude.db'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LoopConfig:
+        d = dict(d)
+        top = dict(d.pop("loop", {}) or {})
+        sections = {"traffic": TrafficConfig, "distill": DistillSection, "train": TrainSection,
+                    "eval": EvalSection, "canary": CanarySection, "alarms": AlarmSection}
+        unknown = sorted(set(d) - set(sections) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise EtudeError(f"unknown table(s) in loop config: {', '.join(unknown)}")
+        for key in list(d):
+            if key not in sections:
+                top[key] = d.pop(key)
+        for key, typ in sections.items():
+            if key in d:
+                top[key] = _section(typ, d[key], key)
+        return _build(cls, top, "loop")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> LoopConfig:
+        p = Path(path)
+        try:
+            data = tomllib.loads(p.read_text())
+        except OSError as e:
+            raise EtudeError(f"cannot read loop config {p}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise EtudeError(f"{p}: invalid TOML: {e}") from None
+        return cls.from_dict(data)
+
+
+def _section(typ: Any, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise EtudeError(f"[{where}] must be a table")
+    d = dict(d)
+    if where == "canary" and "guardrails" in d:
+        d["guardrails"] = tuple(_build(GuardrailSpec, g, "canary.guardrails") for g in d["guardrails"])
+    if where == "alarms" and "rules" in d:
+        d["rules"] = tuple(_build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
+    if where == "canary" and "weights" in d:
+        d["weights"] = tuple(float(w) for w in d["weights"])
+    return _build(typ, d, where)
+
+
+def _build(typ: Any, d: Any, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise EtudeError(f"[{where}] entries must be tables")
+    names = {f.name for f in dataclasses.fields(typ)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise EtudeError(f"unknown key(s) in [{where}]: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
+    try:
+        return typ(**d)
+    except TypeError as e:
+        raise EtudeError(f"bad [{where}]: {e}") from None

@@ -1,0 +1,407 @@
+"""One real-time RL cycle, top to bottom: collect → distill → train → eval → register → canary →
+readout → decide (promote or roll back). Read `run_cycle`, then one function per stage.
+
+- collect:  traffic to production only (no experiment), window [since, until) of the org.
+- distill:  etude.feedback.distill of that window → `samples.jsonl` (token ids, behaviour
+            log-probs, rewards); too few samples ends the cycle with decision "skip".
+- train:    etude.loop.training from the production checkpoint's weights → a model directory.
+- eval:     etude.evals.run_eval of production and candidate on the held-out suite, then
+            etude.evals.compare (production = A, candidate = B) → gate_passed.
+- register: the candidate in the registry (state candidate, parent = production).
+- canary:   an experiment routes `canary.weights` of the org's users to control / canary; rounds
+            of traffic, each followed by an interim readout, until the decision rule decides or
+            `canary.rounds` is reached (the max window).
+- readout:  the final A/B readout (etude.experiments.analyze on per-user rows from the store),
+            arm ratios and hack alarms → `readout.json`.
+- decide:   the rule (docs/loop.md): roll back on SRM, a fired alarm or a failed guardrail;
+            promote when the primary metric's msprt_p < alpha with a positive lift, or its lift
+            interval lies above -harm_margin; otherwise (the window is spent) roll back.
+
+Every stage is idempotent and the cycle is resumable (see state.py): rerunning after a kill -9
+resumes at the first unfinished stage and never redoes a finished one. Not guaranteed: a stage
+interrupted mid-way and rerun repeats its side effects that are not idempotent by nature —
+interrupted traffic rounds send more traffic (the window grows), an interrupted eval resumes
+from its durable records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.loop.config import LoopConfig
+from etude.loop.state import STAGES, CycleState
+
+
+@dataclass
+class TrafficContext:
+    """What a traffic hook gets: the phase ("collect" | "canary"), the round, and the way to the
+    server. `server()` starts the loop's own server (once) and returns its /v1 URL."""
+
+    phase: str
+    round: int
+    org: str
+    db: str
+    api_key: str
+    cycle_dir: Path
+    config: LoopConfig
+    server: Callable[[], str]
+
+
+TrafficHook = Callable[[TrafficContext], Any]
+
+
+@dataclass
+class CycleReport:
+    cycle: int
+    cycle_dir: str
+    state: dict[str, Any]
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def decision(self) -> str | None:
+        return self.state["stages"]["decide"]["outputs"].get("decision")
+
+    def to_dict(self) -> dict[str, Any]:
+        st = self.state["stages"]
+        out = lambda name: st[name]["outputs"]  # noqa: E731
+        return {
+            "cycle": self.cycle, "cycle_dir": self.cycle_dir, "finished": self.state.get("finished", False),
+            "stages": {n: {"status": st[n]["status"], "wall_s": st[n].get("wall_s"),
+                           "total_wall_s": st[n].get("total_wall_s"), "attempts": st[n].get("attempts", 0)}
+                       for n in STAGES},
+            "production_before": self.state.get("production"),
+            "collect": out("collect"), "distill": out("distill").get("summary"),
+            "train": {k: v for k, v in out("train").items() if k != "history"} | {"history": out("train").get("history")},
+            "eval": out("eval").get("verdict"), "candidate": out("register").get("checkpoint"),
+            "canary": {k: v for k, v in out("canary").items() if k != "readouts"},
+            "ab": out("readout").get("ab"), "arm_ratios": out("readout").get("arm_ratios"),
+            "alarms": out("readout").get("alarms"),
+            "decision": out("decide").get("decision"), "reason": out("decide").get("reason"),
+            "production_after": out("decide").get("production"), "wall_s": self.wall_s,
+        }
+
+
+# -- cycle directories ------------------------------------------------------------------------
+def cycle_dirs(root: Path) -> list[Path]:
+    return sorted(p for p in root.glob("cycle-[0-9][0-9][0-9][0-9]") if (p / "state.json").is_file())
+
+
+def next_cycle_dir(root: Path) -> Path:
+    """The unfinished cycle to resume, else a new one after the last."""
+    dirs = cycle_dirs(root)
+    if dirs and not json.loads((dirs[-1] / "state.json").read_text()).get("finished"):
+        return dirs[-1]
+    last = int(dirs[-1].name.split("-")[1]) if dirs else 0
+    return root / f"cycle-{last + 1:04d}"
+
+
+# -- the cycle --------------------------------------------------------------------------------
+def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffic: TrafficHook | None = None,
+              progress: bool = True) -> CycleReport:
+    """Run (or resume) one cycle; returns its report (also in `cycle_dir/report.json`)."""
+    root = Path(config.root)
+    root.mkdir(parents=True, exist_ok=True)
+    cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
+    index = int(m.group(1)) if (m := re.search(r"(\d+)$", cdir.name)) else 1
+    t0 = time.monotonic()
+    with ExitStack() as stack:
+        run = _Cycle(config, cdir, index, traffic, stack, progress)
+        run.all_stages()
+    report = CycleReport(index, str(cdir), run.state.data, wall_s=round(time.monotonic() - t0, 3))
+    _write_json(cdir / "report.json", report.to_dict())
+    return report
+
+
+class _Cycle:
+    """The state of one cycle run; each stage is a method."""
+
+    def __init__(self, cfg: LoopConfig, cdir: Path, index: int, traffic: TrafficHook | None, stack: ExitStack,
+                 progress: bool) -> None:
+        from etude.store import open_store
+
+        self.cfg, self.dir, self.index, self.stack, self.show = cfg, cdir, index, stack, progress
+        self.store = open_store(cfg.db_url())
+        self.state = CycleState.load_or_create(cdir, index, cfg.to_dict())
+        self._ensure_production()
+        self.traffic = traffic or _builtin_traffic
+        self._key: str | None = None
+        self._base_url: str | None = None
+
+    # -- plumbing
+    def _ensure_production(self) -> None:
+        from etude.serve import registry
+
+        if "production" not in self.state.data:
+            prod = registry.production(self.store, self.cfg.org)
+            if prod is None:
+                from etude.serve.config import ServeConfig
+                from etude.serve.run import ensure_model
+
+                prod = ensure_model(self.store, ServeConfig(model=self.cfg.model))
+            self.state.data["production"] = {"name": prod.name, "path": prod.path, "version": prod.version}
+            self.state.save()
+        self.prod = self.state.data["production"]
+
+    def api_key(self) -> str:
+        if self._key is None:  # a fresh key per run: keys are shown once, so none is kept on disk
+            self._key = self.store.create_key(self.cfg.org, name=f"loop-{self.index}")
+        return self._key
+
+    def server(self) -> str:
+        if self._base_url is None:
+            from etude.loop.server import running_server
+
+            h = self.stack.enter_context(running_server(
+                self.cfg.db_url(), model=self.cfg.model, threads=self.cfg.traffic.threads,
+                log_path=self.dir / "server.log"))
+            self._base_url = h.base_url
+        return self._base_url
+
+    def _traffic(self, phase: str, rnd: int) -> Any:
+        ctx = TrafficContext(phase, rnd, self.cfg.org, self.cfg.db_url(), self.api_key(), self.dir, self.cfg,
+                             self.server)
+        return self.traffic(ctx)
+
+    def all_stages(self) -> None:
+        from rich.console import Console
+
+        con = Console(stderr=True, quiet=not self.show)
+        for name in STAGES:
+            if self.state.status(name) in ("done", "skipped"):
+                con.print(f"[dim]cycle {self.index} · {name}: {self.state.status(name)} (not redone)[/dim]")
+                continue
+            with con.status(f"cycle {self.index} · {name} …"):
+                self.state.start(name)
+                getattr(self, f"stage_{name}")()
+            s = self.state.stage(name)
+            con.print(f"cycle {self.index} · {name}: {s['status']} in {s.get('wall_s', 0):.1f} s")
+        self.state.data["finished"] = True
+        self.state.save()
+
+    def _skip_rest(self, after: str, reason: str, decision: str | None = None) -> None:
+        for name in STAGES[STAGES.index(after) + 1:]:
+            if name == "decide" and decision is not None:
+                continue
+            self.state.skip(name, reason)
+        if decision is not None:
+            self.state.stage("decide")["outputs"].update(planned=decision, planned_reason=reason)
+            self.state.save()
+
+    # -- stages
+    def stage_collect(self) -> None:
+        out = self.state.stage("collect")["outputs"]
+        since = out.get("since") or time.time()
+        self.state.progress("collect", since=since)
+        sessions = self._traffic("collect", 0)
+        until = time.time()
+        n = len(self.store.interactions(org=self.cfg.org, since=since, until=until))
+        self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions))
+
+    def stage_distill(self) -> None:
+        from etude.feedback import DistillConfig, distill
+
+        c = self.state.stage("collect")["outputs"]
+        dc = DistillConfig(max_staleness=self.cfg.distill.max_staleness,
+                           latency_budget_s=self.cfg.distill.latency_budget_s)
+        res = distill(self.store, self.cfg.org, (c["since"], c["until"]), dc)
+        path = self.dir / "samples.jsonl"
+        _write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in res))
+        self.state.finish("distill", summary=res.summary(), path=str(path))
+        if len(res) < self.cfg.train.min_samples:
+            self._skip_rest("distill", f"{len(res)} samples < train.min_samples {self.cfg.train.min_samples}", "skip")
+
+    def stage_train(self) -> None:
+        from etude.loop.training import train_candidate
+
+        summ = train_candidate(self.dir / "samples.jsonl", self.prod["path"], self.dir / "train", self.cfg.train,
+                               temperature=self.cfg.traffic.temperature, seed=self.cfg.seed + self.index)
+        self.state.finish("train", **summ)
+
+    def stage_eval(self) -> None:
+        from etude.evals import CompareConfig, compare, run_eval
+
+        ecfg = self._eval_config()
+        prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(self.cfg)}"
+        cand_dir = self.dir / "eval-candidate"
+        a = run_eval(self.cfg.eval.suite, self.prod["path"], prod_dir, ecfg)
+        b = run_eval(self.cfg.eval.suite, self.state.stage("train")["outputs"]["checkpoint"], cand_dir, ecfg)
+        cc = CompareConfig(rule=self.cfg.eval.rule, **({"margins": dict(self.cfg.eval.margins)}
+                                                      if self.cfg.eval.margins is not None else {}))
+        verdict = compare(prod_dir, cand_dir, cc)
+        _write_json(self.dir / "eval-compare.json", verdict)
+        short = {"gate_passed": verdict["gate_passed"], "regressions": verdict["regressions"],
+                 "improvements": verdict["improvements"], "tasks": verdict["tasks"],
+                 "metrics": {m: {k: verdict["metrics"][m].get(k) for k in ("a", "b", "delta", "ci_low", "ci_high",
+                                                                          "p_value", "regression")}
+                             for m in ("resolved", "adherence", "reward", "broken_calls")},
+                 "production_resolved": a["correctness"]["resolved_rate"]["mean"],
+                 "candidate_resolved": b["correctness"]["resolved_rate"]["mean"], "production_dir": str(prod_dir),
+                 "candidate_dir": str(cand_dir)}
+        self.state.finish("eval", verdict=short)
+
+    def _eval_config(self) -> Any:
+        from etude.evals import EvalConfig
+        from etude.harness import HarnessConfig
+
+        e = self.cfg.eval
+        return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=self.show,
+                          harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
+                                                temperature=self.cfg.traffic.temperature))
+
+    def stage_register(self) -> None:
+        from etude.errors import NotFound
+        from etude.serve import registry
+
+        name = f"{self.cfg.name}-c{self.index:04d}"
+        path = self.state.stage("train")["outputs"]["checkpoint"]
+        try:
+            cp = registry.get_checkpoint(self.store, name)  # registered before a crash: keep it
+        except NotFound:
+            cp = registry.register_checkpoint(self.store, name, path, version=int(self.prod["version"]) + 1,
+                                              parent=self.prod["name"], meta={"cycle": self.index, "loop": self.cfg.name})
+        self.state.finish("register", checkpoint={"name": cp.name, "path": cp.path, "version": cp.version})
+        gate = self.state.stage("eval")["outputs"]["verdict"]
+        if self.cfg.eval.required and not gate["gate_passed"]:
+            self._skip_rest("register", f"eval gate failed: {', '.join(gate['regressions'])}", "rollback")
+
+    def stage_canary(self) -> None:
+        from etude.loop.decision import decide
+        from etude.serve import registry
+
+        c, out = self.cfg.canary, self.state.stage("canary")["outputs"]
+        exp_id = f"{self.cfg.name}-canary-c{self.index:04d}"
+        cand = self.state.stage("register")["outputs"]["checkpoint"]["name"]
+        if "since" not in out:
+            self.state.progress("canary", since=time.time(), experiment=exp_id, rounds=0, readouts=[])
+        registry.set_experiment(self.store, exp_id, [("control", self.prod["name"], c.weights[0]),
+                                                     ("canary", cand, c.weights[1])], org=self.cfg.org)
+        while out["rounds"] < c.rounds:
+            self._traffic("canary", out["rounds"])
+            rd = self._readout(exp_id)
+            verdict, reason = decide(rd, c) if out["rounds"] + 1 >= c.min_rounds else (None, "min_rounds not reached")
+            out["readouts"].append({"round": out["rounds"], "decision": verdict, "reason": reason,
+                                    "users": rd["ab"].get("users") if rd["ab"] else None})
+            self.state.progress("canary", rounds=out["rounds"] + 1)
+            if verdict is not None:
+                break
+        self.state.finish("canary", interactions=len(self.store.interactions(org=self.cfg.org, experiment_id=exp_id)))
+
+    def _readout(self, exp_id: str) -> dict[str, Any]:
+        from etude.experiments import ABConfig, Guardrail, analyze
+        from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
+
+        c = self.cfg.canary
+        facts = interaction_facts(self.store, self.cfg.org, exp_id)
+        rows = ab_rows(facts)
+        cfg = ABConfig(alpha=c.alpha, weights=c.weights,
+                       guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
+        arms = {r["arm"] for r in rows}
+        ab = analyze(rows, cfg) if arms == {"control", "treatment"} else None
+        ratios = arm_ratios(facts)
+        return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
+
+    def stage_readout(self) -> None:
+        from etude.loop.decision import decide
+
+        exp_id = self.state.stage("canary")["outputs"]["experiment"]
+        rd = self._readout(exp_id)
+        _write_text(self.dir / "ab_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rd.pop("rows")))
+        verdict, reason = decide(rd, self.cfg.canary)
+        if verdict is None:
+            verdict, reason = "rollback", f"undecided after {self.cfg.canary.rounds} round(s) (the max window): {reason}"
+        _write_json(self.dir / "readout.json", rd)
+        self.state.finish("readout", **rd)
+        self.state.stage("decide")["outputs"].update(planned=verdict, planned_reason=reason)
+        self.state.save()
+
+    def stage_decide(self) -> None:
+        from etude.serve import registry
+
+        out = self.state.stage("decide")["outputs"]
+        decision, reason = out.get("planned", "skip"), out.get("planned_reason", "")
+        cand = self.state.stage("register")["outputs"].get("checkpoint", {}).get("name")
+        if cand is not None:
+            cp = registry.get_checkpoint(self.store, cand)
+            if decision == "promote" and cp.state != "production":
+                registry.promote(self.store, cand, f"loop cycle {self.index}: {reason}")
+            if decision == "promote":
+                _stop_experiment(self.store, self.state.stage("canary")["outputs"].get("experiment"))
+            elif decision == "rollback" and cp.state != "retired":
+                registry.rollback(self.store, cand, reason=f"loop cycle {self.index}: {reason}")
+        prod = registry.production(self.store, self.cfg.org)
+        self.state.finish("decide", decision=decision, reason=reason,
+                          production={"name": prod.name, "version": prod.version} if prod else None)
+
+
+def _stop_experiment(store: Any, exp_id: str | None) -> None:
+    """After a promotion the control arm's checkpoint is retired: the experiment must stop."""
+    from etude.serve import registry
+
+    if exp_id and registry.get_experiment(store, exp_id).status == "active":
+        registry.stop_experiment(store, exp_id)
+
+
+# -- traffic ----------------------------------------------------------------------------------
+def _builtin_traffic(ctx: TrafficContext) -> Any:
+    t = ctx.config.traffic
+    if t.kind == "scripted":
+        from etude.loop.users import run_scripted_users
+
+        tasks = _traffic_tasks(t.tasks, t.max_tasks)
+        return run_scripted_users(ctx.server(), ctx.api_key, tasks, users=t.users, sessions_per_user=t.sessions_per_user,
+                                  seed=ctx.config.seed * 1000 + ctx.round * 10 + (ctx.phase == "canary"),
+                                  max_steps=t.max_steps, max_tokens=t.max_tokens, temperature=t.temperature,
+                                  concurrency=t.concurrency, user_prefix=f"{ctx.config.name}-user",
+                                  progress=False)
+    if t.kind == "command":
+        env = {**os.environ, "ETUDE_LOOP_PHASE": ctx.phase, "ETUDE_LOOP_ROUND": str(ctx.round), "ETUDE_DB": ctx.db,
+               "ETUDE_API_KEY": ctx.api_key, "ETUDE_LOOP_ORG": ctx.org}
+        res = subprocess.run(t.command, shell=True, env=env, check=False)  # noqa: S602 - the operator's own command
+        if res.returncode != 0:
+            raise EtudeError(f"traffic command exited with status {res.returncode}: {t.command}")
+        return None
+    time.sleep(t.wait_s)  # kind "none": real users talk to the deployed server meanwhile
+    return None
+
+
+def _traffic_tasks(spec: str, max_tasks: int) -> list[Any]:
+    from etude.evals.runner import resolve_suite
+
+    return resolve_suite(spec, max_tasks)
+
+
+def _session_summary(sessions: Any) -> dict[str, Any] | None:
+    if not isinstance(sessions, list):
+        return None
+    ok = [s for s in sessions if "error" not in s]
+    return {"sessions": len(sessions), "errors": len(sessions) - len(ok), "resolved": sum(bool(s.get("resolved")) for s in ok),
+            "users": len({s["user"] for s in sessions}), "scripted": all(s.get("scripted") for s in sessions),
+            "first_error": next((s["error"] for s in sessions if "error" in s), None)}
+
+
+def _eval_key(cfg: LoopConfig) -> str:
+    e = cfg.eval
+    text = json.dumps([e.suite, e.max_tasks, e.max_steps, e.max_tokens, cfg.traffic.temperature])
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    _write_text(path, json.dumps(obj, indent=1, default=str))

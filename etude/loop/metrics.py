@@ -1,0 +1,123 @@
+"""Canary metrics from the store: per-user A/B rows for `etude.experiments.analyze`, the hack
+indicators per arm, and the alarms that compare them.
+
+Every figure is read back from what the server logged (interactions, their request messages and
+feedback events), through `etude.feedback.distill.to_trajectory` so a tool call's failure is
+read exactly as distillation reads it. Metrics (ratio of per-user sums, numerator / denominator):
+
+| metric | numerator | denominator | better |
+|---|---|---|---|
+| accept_rate | accept events | accept + reject events | higher |
+| edit_persistence | Σ edit_persistence values | edit_persistence events | higher |
+| dissatisfied_rate | follow-ups labelled dissatisfied | interactions | lower |
+| tool_error_rate | broken calls (malformed, failed) | interactions | lower |
+| clarification_rate | answers that only ask the user a question | interactions | lower |
+| edit_rate | interactions with an edit/write call | interactions | (hack: a drop) |
+| latency_s | Σ server latency | interactions | lower |
+| answer_length | Σ completion tokens | interactions | lower |
+
+Not guaranteed: tool-error rate is per interaction, not per call (a model that stops calling
+tools has no calls to fail); a call whose result never came back is not counted as failed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "clarification_rate",
+           "edit_rate", "latency_s", "answer_length")
+ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
+
+
+def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str, Any]]:
+    """One dict per interaction of the experiment: user, arm, and the per-interaction counts."""
+    from etude.feedback.distill import to_trajectory
+    from etude.rewards.terms import asks_question, is_edit
+
+    rows = store.interactions(org=org, experiment_id=experiment_id, with_messages=True)
+    events: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in store.feedback(org=org, interaction_ids=[r["id"] for r in rows]):
+        events[e["interaction_id"]].append(e)
+    # a tool call's result is the tool message answering its id in a later request of the session
+    results = {m["tool_call_id"]: m["content"] for r in reversed(rows) for m in r.get("messages", [])
+               if m["role"] == "tool" and m["tool_call_id"]}
+    out = []
+    for r in rows:
+        evs = events.get(r["id"], [])
+        traj = to_trajectory(r, evs, results)
+        turn = traj.turns[0]
+        calls = len(turn.tool_executions) + len(turn.parse_errors)
+        answer = (r["response"] or {}).get("content", "")
+        out.append({
+            "user": r["user_id"] or r["session_id"], "arm": r["arm"], "ts": r["created_at"],
+            "checkpoint": r["checkpoint"], "broken": turn.broken_calls, "calls": calls,
+            "clarification": int(calls == 0 and asks_question(answer)),
+            "edit": int(any(is_edit(x) for x in turn.tool_executions)),
+            "latency_s": float(r["latency_s"]), "tokens": int(r["completion_tokens"]),
+            "accept": sum(e["kind"] == "accept" for e in evs), "reject": sum(e["kind"] == "reject" for e in evs),
+            "persist": [float(e["value"]) for e in evs if e["kind"] == "edit_persistence" and e["value"] is not None],
+            "dissatisfied": sum(e["kind"] == "followup" and (e["data"] or {}).get("label") == "dissatisfied"
+                                for e in evs),
+        })
+    return out
+
+
+def _per_interaction(f: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    return {
+        "accept_rate": (f["accept"], f["accept"] + f["reject"]),
+        "edit_persistence": (sum(f["persist"]), len(f["persist"])),
+        "dissatisfied_rate": (f["dissatisfied"], 1), "tool_error_rate": (f["broken"], 1),
+        "clarification_rate": (f["clarification"], 1), "edit_rate": (f["edit"], 1),
+        "latency_s": (f["latency_s"], 1), "answer_length": (f["tokens"], 1),
+    }
+
+
+def ab_rows(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-user rows (user_id, arm, metric, numerator, denominator, ts) for analyze(); users
+    with a zero denominator for a metric get no row for it."""
+    acc: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for f in facts:
+        arm = ARM_NAMES.get(f["arm"] or "")
+        if arm is None:
+            continue
+        for m, (num, den) in _per_interaction(f).items():
+            a = acc[(f["user"], arm, m)]
+            a[0] += num
+            a[1] += den
+            a[2] = max(a[2], f["ts"])
+    return [{"user_id": u, "arm": arm, "metric": m, "numerator": n, "denominator": d, "ts": ts}
+            for (u, arm, m), (n, d, ts) in sorted(acc.items(), key=lambda kv: kv[1][2]) if d > 0]
+
+
+def arm_ratios(facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pooled ratio of every metric per arm (what the alarms compare), with interaction counts."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm in ("control", "canary"):
+        fs = [f for f in facts if f["arm"] == arm]
+        sums = {m: [0.0, 0.0] for m in METRICS}
+        for f in fs:
+            for m, (num, den) in _per_interaction(f).items():
+                sums[m][0] += num
+                sums[m][1] += den
+        out[arm] = {"interactions": len(fs), **{m: (n / d if d else None) for m, (n, d) in sums.items()}}
+    return out
+
+
+def alarms(ratios: dict[str, dict[str, Any]], cfg: Any) -> list[dict[str, Any]]:
+    """Each hack indicator of the candidate against production; `fired` True when it moved past
+    its threshold in its suspicious direction, None when an arm has too few interactions."""
+    enough = min(ratios["control"]["interactions"], ratios["canary"]["interactions"]) >= cfg.min_interactions
+    out = []
+    for rule in cfg.rules:
+        a, b = ratios["control"].get(rule.metric), ratios["canary"].get(rule.metric)
+        rec: dict[str, Any] = {"metric": rule.metric, "direction": rule.direction, "threshold": rule.threshold,
+                               "relative": rule.relative, "control": a, "canary": b, "change": None, "fired": None}
+        if enough and a is not None and b is not None:
+            change = (b / a - 1.0 if a else (0.0 if b == 0 else float("inf"))) if rule.relative else b - a
+            signed = change if rule.direction == "up" else -change
+            rec.update(change=change, fired=bool(signed > rule.threshold))
+        else:
+            rec["note"] = f"fewer than {cfg.min_interactions} interactions in an arm"
+        out.append(rec)
+    return out
