@@ -27,8 +27,28 @@ def _tokens(text: str) -> set[str]:
 
 
 def changelog_entries(changelog: str, version: str) -> list[str]:
-    """The bullet entries of `version`'s section ('' headings and prose are dropped)."""
+    """The entries of `version` in a changelog: bullets under its heading, or — for "version
+    history" lists such as "- 1.22.4 First change" with one change per indented line below — the
+    text on its bullet and each continuation line. Empty when the version is not there."""
     lines = changelog.splitlines()
+    return _bullet_style(lines, version) or _heading_style(lines, version)
+
+
+def _bullet_style(lines: list[str], version: str) -> list[str]:
+    head = re.compile(rf"^\s*[-*]\s+v?{re.escape(version)}(?![\d.])[\s:,-]*(.*)$")
+    start = next((i for i, ln in enumerate(lines) if head.match(ln)), None)
+    if start is None:
+        return []
+    first = head.match(lines[start])
+    entries = [first.group(1).strip()] if first and first.group(1).strip() else []
+    for ln in lines[start + 1 :]:
+        if not ln.strip() or not ln.startswith((" ", "\t")) or re.match(r"^\s*[-*]\s+v?\d", ln):
+            break
+        entries.append(ln.strip())
+    return entries
+
+
+def _heading_style(lines: list[str], version: str) -> list[str]:
     ver = re.escape(version)
     start = next(
         (i for i, ln in enumerate(lines) if re.search(rf"(^|[^\d.]){ver}([^\d]|$)", ln) and len(ln) < 80), None

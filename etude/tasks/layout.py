@@ -134,9 +134,11 @@ def normalise_name(name: str) -> str:
 
 
 def changelog_text(root: Path) -> str:
-    """The text of the first changelog-like file in the tree ('' if none)."""
+    """The first changelog-like file near the top of the tree, else the README (whose "version
+    history" section some packages keep instead); '' if neither exists."""
     pat = re.compile(r"^(changes|changelog|history|news|release[-_ ]?notes)(\.\w+)?$", re.I)
-    for rel in iter_files(root):
-        if len(PurePosixPath(rel).parts) <= 2 and pat.match(PurePosixPath(rel).name):
-            return (root / rel).read_text(encoding="utf-8", errors="replace")
+    files = [rel for rel in iter_files(root) if len(PurePosixPath(rel).parts) <= 2]
+    readme = re.compile(r"^readme(\.\w+)?$", re.I)
+    for rel in [r for r in files if pat.match(PurePosixPath(r).name)] + [r for r in files if readme.match(r)]:
+        return (root / rel).read_text(encoding="utf-8", errors="replace")
     return ""

@@ -125,7 +125,10 @@ def split_release(
 
 def _statement(pair: ReleasePair, f2p: Sequence[str], patch: str, messages: dict[str, str]) -> tuple[str, str]:
     entries = describe.changelog_entries(layout.changelog_text(pair.new.root), pair.new.version)
-    entry = describe.match_entry(entries, f2p, patch)
+    if patch == pair.patch and len(entries) > 1:
+        entry = "\n".join(f"- {e}" for e in entries)  # the whole release: all of its changes
+    else:
+        entry = describe.match_entry(entries, f2p, patch)
     text = describe.release_statement(pair.proto.source["package"], pair.new.version, entry, f2p, messages)
     return text, ("changelog" if entry else "tests")
 

@@ -43,3 +43,21 @@ def test_statement_from_tests_names_failures_but_not_the_fix():
                    {"tests/test_utils.py::test_lru_cache_falsy_values_bug": "AssertionError: assert ['a'] == ['b']"})  # fmt: skip
     assert "test_lru_cache_falsy_values_bug" in s and "lru cache falsy values bug" in s
     assert "AssertionError: assert ['a'] == ['b']" in s and "diff" not in s
+
+
+def test_version_history_bullets_with_one_change_per_line():
+    """The "- 1.22.4 first change / indented next change" style of parse's README."""
+    readme = (
+        "Version history (in brief):\n\n"
+        "- 1.22.4 Account for the capture groups %z adds\n"
+        "  Reject out-of-range timezone minutes (thanks @yuefdev)\n"
+        "- 1.22.3 Older change\n"
+    )
+    assert changelog_entries(readme, "1.22.4") == [
+        "Account for the capture groups %z adds",
+        "Reject out-of-range timezone minutes (thanks @yuefdev)",
+    ]
+    got = match_entry(
+        changelog_entries(readme, "1.22.4"), ["tests/test_parse.py::test_invalid_timezone_minutes[+160]"], ""
+    )
+    assert got == "Reject out-of-range timezone minutes (thanks @yuefdev)"
