@@ -290,11 +290,11 @@ def lint_delta(before: Contents, after: Contents, select: tuple[str, ...]) -> tu
 def _ruff_counts(ruff: str, root: Path, select: tuple[str, ...]) -> dict[str, Counter[str]] | None:
     argv = [ruff, "check", "--isolated", "--no-cache", "--exit-zero", "--output-format", "json",
             "--select", ",".join(select), "."]  # fmt: skip
-    proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=120)
     try:
+        proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=120)
         items = json.loads(proc.stdout or "[]")
-    except json.JSONDecodeError:
-        return None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError):
+        return None  # lint does not apply rather than a failed episode
     counts: dict[str, Counter[str]] = {"before": Counter(), "after": Counter()}
     for item in items:
         side = Path(item.get("filename", "")).resolve().relative_to(root.resolve()).parts[0]

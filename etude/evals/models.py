@@ -26,7 +26,6 @@ from etude.protocols import Policy
 from etude.types import Task
 
 PolicyFactory = Callable[[Task, int], Policy]  # (task, sample index) -> a policy for that episode
-BASELINES = ("oracle", "noop")
 
 
 def patched_files(template: Path, patch: str) -> dict[str, str | None]:

@@ -189,8 +189,8 @@ def adherence_of(task: Task, diff: str, cfg: EvalConfig) -> dict[str, Any]:
     try:
         gold = _gold_facts(task, template, cfg)
         agent = patch_facts(template, diff, cfg.ruff_select)
-    except EtudeError as e:
-        return {"score": None, "components": {}, "error": str(e)}
+    except Exception as e:  # noqa: BLE001 - an analysis failure must not void the episode's record
+        return {"score": None, "components": {}, "error": f"{type(e).__name__}: {e}"}
     return adherence(agent, gold, cfg.adherence_weights)
 
 
