@@ -4,7 +4,12 @@
 The worker takes the first waiting job, then keeps collecting while jobs keep arriving less than
 `wait_ms` apart, for at most `max_wait_ms` after the first (or until `max_batch` jobs): a burst
 of requests that trickles in over a few tens of milliseconds (one event loop parses them one by
-one) still lands in one batch, while a lone request waits only `wait_ms`. It groups them by sampling parameters (temperature, top_p) and runs each group
+one) still lands in one batch, while a lone request waits only `wait_ms`. While the batch is
+smaller than the number of sessions answered within the last two batch times, it waits longer
+(up to a quarter of the last batch's generation time, at most 1 s) for those clients to return,
+so closed-loop clients (agents in a session) that fell out of step merge into one batch again.
+Requests without a session header never cause that wait; a session that stops sending costs
+the wait for at most two batch times. It groups them by sampling parameters (temperature, top_p) and runs each group
 as one batch. Jobs in a group may ask for different `max_tokens`: the batch runs to the largest
 and each row is cut to its own limit afterwards. A cut row is still an exact sample of its
 first k tokens, so its log-probs stay valid behaviour log-probs.
@@ -21,6 +26,7 @@ import queue
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -40,6 +46,7 @@ class Job:
     enqueued: float = field(default_factory=time.perf_counter)
     meta: dict[str, Any] = field(default_factory=dict)  # queue_s, batch_size; set before the result
     on_token: Callable[[int], None] | None = None  # called from the worker thread per sampled token
+    client: str | None = None  # the session that sent it, if it named one (see Batcher._collect)
     first_token_at: float | None = None  # perf_counter() when its first token was sampled
     t0: float = 0.0
 
@@ -64,6 +71,8 @@ class Batcher:
         self._stop_ids = set(stop_ids or getattr(policy, "stop_token_ids", ()) or ())
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._closed = False
+        self._answered: deque[tuple[float, str]] = deque(maxlen=4 * max_batch)  # (when, client) of answered jobs
+        self._last_gen_s = 0.0  # generation time of the last batch
         self._streamer: Any = None  # the step hook of the batch in progress (see _install_step_hook)
         self.steps_visible = self.by_ids and self._install_step_hook()
         self._thread = threading.Thread(target=self._loop, name=f"batcher-{getattr(policy, 'id', '?')}", daemon=True)
@@ -86,8 +95,10 @@ class Batcher:
 
     def _collect(self, first: Job) -> list[Job]:
         start = time.perf_counter()
-        jobs, deadline = [first], start + self.wait_s
+        target = self._expected_clients(start)
+        jobs = [first]
         while len(jobs) < self.max_batch:
+            deadline = self._deadline(start, len(jobs) < target)
             left = deadline - time.perf_counter()
             try:
                 job = self._q.get(timeout=max(left, 0)) if left > 0 else self._q.get_nowait()
@@ -97,8 +108,23 @@ class Batcher:
                 self._q.put(None)  # let the loop see the stop after this batch
                 break
             jobs.append(job)
-            deadline = min(start + self.max_wait_s, time.perf_counter() + self.wait_s)
         return jobs
+
+    def _expected_clients(self, now: float) -> int:
+        """Distinct clients (sessions) answered within the last two batch times: those are likely
+        to be back in a moment, so a batch smaller than this is worth a short wait."""
+        horizon = now - 2 * self._last_gen_s
+        return max(1, min(self.max_batch, len({c for t, c in self._answered if t >= horizon})))
+
+    def _deadline(self, start: float, below_target: bool) -> float:
+        # Below the number of recently answered sessions, I wait for those clients to come
+        # back (closed-loop clients return tens of ms after their answer, more on a busy machine),
+        # up to max(max_wait, a quarter of the last batch's generation time, at most 1 s);
+        # otherwise only while arrivals keep coming less than wait_ms apart. Without this, groups
+        # of clients that fell out of step stay in separate batches forever.
+        if below_target:  # a quarter of a batch's time is worth waiting to avoid a whole extra batch
+            return start + max(self.max_wait_s, min(1.0, 0.25 * self._last_gen_s))
+        return min(start + self.max_wait_s, time.perf_counter() + self.wait_s)
 
     def _loop(self) -> None:
         while True:
@@ -120,11 +146,14 @@ class Batcher:
             for j in group:
                 j.future.set_exception(e)
             return
+        self._last_gen_s = time.perf_counter() - started
         self.stats.batches += 1
         self.stats.jobs += len(group)
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(group))
         for j, g in zip(group, gens, strict=True):
             j.meta.update(queue_s=started - j.enqueued, batch_size=len(group))
+            if j.client:
+                self._answered.append((time.perf_counter(), j.client))
             j.future.set_result(self._cut(g, j.max_tokens))
 
     def _install_step_hook(self) -> bool:

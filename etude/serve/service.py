@@ -70,7 +70,7 @@ class ChatService:
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
         batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
         job = await asyncio.to_thread(self._job, batcher, messages, tools, sampling)  # tokenising is CPU work
-        job.t0 = t0
+        job.t0, job.client = t0, session
         return Pending(org, req, iid, session_id, route, batcher, job, sampling, messages, tools, t0, created)
 
     async def finish(self, p: Pending, gen: Generation) -> Answer:
