@@ -185,6 +185,27 @@ def bench_baseline(work: Path, queries: list[dict], idx, cfg, model_s: float) ->
     return out
 
 
+def ablation(idx, queries: list[dict]) -> dict:
+    """recall@5 of the same index under other ranking weights (query vectors computed once)."""
+    from dataclasses import replace
+
+    from etude.search.rank import rank
+
+    view = idx.view()
+    qvecs = [idx.embedder.embed([q["query"]], query=True)[0] for q in queries]
+    base = idx.config.rank
+    variants = {"default": base, "no_pin": replace(base, pin=0.0), "embedding_only": replace(base, lexical_weight=0.0, pin=0.0)}
+    for w in (0.1, 0.2, 0.5, 1.0):
+        variants[f"lexical_weight={w}"] = replace(base, lexical_weight=w)
+    variants["bm25_only"] = replace(base, semantic_weight=0.0, lexical_weight=1.0)
+    out = {}
+    for name, cfg in variants.items():
+        ranked = [[(h.path, h.symbol) for h in rank(q["query"], qv, view, 10, cfg)] for q, qv in zip(queries, qvecs, strict=True)]
+        r = recall(ranked, queries)
+        out[name] = {k: r[k] for k in ("recall@1", "recall@5", "recall@10", "mrr@10")}
+    return out
+
+
 def vector_search_cost(vecs: np.ndarray) -> dict:
     """Exact top-10 by numpy alone (the part a vector library would replace): einsum, which the
     index uses, and the BLAS product `@` beside it."""
@@ -208,7 +229,7 @@ def machine() -> dict:
     import sentence_transformers
     import torch
 
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "numpy": np.__version__,
             "ETUDE_SEARCH_THREADS": os.environ.get("ETUDE_SEARCH_THREADS"),
             "sentence_transformers": sentence_transformers.__version__, "platform": platform.platform()}
@@ -226,6 +247,7 @@ def main() -> None:
     src = fetch_sources()
     labelled = json.loads(Path(args.queries).read_text())
     queries = labelled["queries"]
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="etude-bench-semantic-") as tmp:
         work = Path(tmp) / "repo"
         shutil.copytree(src, work)
@@ -235,7 +257,7 @@ def main() -> None:
         result = run(work, queries, args.embedder)
         result["cache_warm"] = warm
     result.update({"package": f"{PACKAGE}=={VERSION}", "sha256": SHA256, "queries": len(queries)})
-    result["machine"]["loadavg_end"] = os.getloadavg()
+    result["machine"].update(loadavg_start=load_start, loadavg_end=os.getloadavg())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(summary(result), indent=2))
@@ -252,6 +274,7 @@ def run(work: Path, queries: list[dict], embedder: str) -> dict:
     ours, idx = bench_ours(work, queries, cfg, timer)
     base = bench_baseline(work, queries, idx, cfg, timer.chunk_s)
     return {"python_files": n_py, "embedder": emb.id, "ours": ours, "baseline": base,
+            "ablation_recall": ablation(idx, queries),
             "vector_search": vector_search_cost(idx.view().main.vecs), "machine": machine(),
             "ratios": {"recall@5_ours_over_baseline": _ratio(ours["recall@5"], base["recall@5"]),
                        "incremental_baseline_over_ours": _ratio(base["incremental"]["median_s"], ours["incremental"]["median_s"]),
