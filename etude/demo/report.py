@@ -1,0 +1,166 @@
+"""The demo's HTML report: learning curve, eval comparison, A/B table, cycle timings, trajectories.
+
+A static page (no script, no network) beside PNG plots in `plots/`. Every figure on it is read
+from files the demo run wrote; nothing is typed in by hand.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>etude demo report</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}td.l,th.l{text-align:left}.bad{color:#b00}.good{color:#070}
+pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px;max-height:28em}
+img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
+</style></head><body>
+<h1>etude demo</h1>
+<p class="note">{{ intro }}</p>
+<table id="summary"><tr><th class="l">stage</th><th class="l">result</th><th>seconds</th></tr>
+{% for s in stages %}<tr><td class="l">{{ s.name }}</td><td class="l">{{ s.result }}</td><td>{{ "%.1f"|format(s.seconds) }}</td></tr>{% endfor %}
+</table>
+
+<h2>1. Learning curve (sandbox RL)</h2>
+{% if plots.learning %}<img src="{{ plots.learning }}" alt="learning curve">{% endif %}
+<p class="note">{{ learning_note }}</p>
+
+<h2>2. Evaluation: base model vs trained checkpoint</h2>
+{{ eval_table }}
+<p class="note">{{ eval_note }}</p>
+
+<h2>3. Real-time cycle</h2>
+{% if plots.cycle %}<img src="{{ plots.cycle }}" alt="cycle timings">{% endif %}
+{{ cycle_table }}
+<h3>A/B readout (canary)</h3>
+{{ ab_table }}
+<p><b>Decision:</b> {{ decision }}</p>
+
+<h2>4. Example trajectories</h2>
+{% for t in trajectories %}<h3>{{ t.title }}</h3><pre>{{ t.body }}</pre>{% endfor %}
+</body></html>
+"""
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    def cell(v: Any, i: int) -> str:
+        cls = ' class="l"' if i == 0 or isinstance(v, str) else ""
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        return f"<td{cls}>{html.escape(str(v))}</td>"
+
+    head = "".join(f'<th{" class=\"l\"" if i == 0 else ""}>{html.escape(h)}</th>' for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell(v, i) for i, v in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def learning_plot(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics if "reward" in m]
+    if not steps:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(steps, [m["reward"] for m in metrics if "reward" in m], "o-", label="train reward (group mean)")
+    pts = [(e.get("step", 0), e.get("success")) for e in evals if e.get("success") is not None]
+    if pts:
+        xs, ys = zip(*pts, strict=True)
+        lo = [e.get("ci_low", y) for e, y in zip([e for e in evals if e.get("success") is not None], ys, strict=True)]
+        hi = [e.get("ci_high", y) for e, y in zip([e for e in evals if e.get("success") is not None], ys, strict=True)]
+        ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo, strict=True)], [b - y for y, b in zip(ys, hi, strict=True)]],
+                    fmt="s--", capsize=3, label="held-out success (95% CI)")
+    ax.set_xlabel("step")
+    ax.legend(loc="best", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cycle_plot(stages: dict[str, float], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not stages:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(stages) + 1))
+    names = list(stages)
+    ax.barh(names, [stages[n] for n in names], color="tab:blue")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title("real-time cycle: time per stage")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def eval_table(comparison: dict[str, Any] | None) -> str:
+    if not comparison:
+        return "<p>not run</p>"
+    rows = []
+    for name, m in comparison.get("metrics", {}).items():
+        if m.get("n", 0) == 0:
+            continue
+        rows.append([name, m.get("a"), m.get("b"), m.get("delta"),
+                     f"[{_f(m.get('ci_low'))}, {_f(m.get('ci_high'))}]", m.get("p_value") if m.get("p_value") is not None else "",
+                     "REGRESSION" if m.get("regression") else ("improved" if m.get("improvement") else "")])
+    return _table(["metric", "base", "trained", "delta", "95% CI", "p (paired)", ""], rows)
+
+
+def ab_table(readout: dict[str, Any] | None) -> str:
+    if not readout:
+        return "<p>no readout</p>"
+    rows = []
+    for name, m in readout.get("metrics", {}).items():
+        rows.append([name, m.get("control"), m.get("treatment"), m.get("delta"),
+                     f"[{_f(m.get('ci_low'))}, {_f(m.get('ci_high'))}]", m.get("p_value"), m.get("msprt_p")])
+    srm = f"<p>users per arm: {html.escape(json.dumps(readout.get('users', {})))}; SRM p = {_f(readout.get('srm_p'))}</p>"
+    return _table(["metric", "control", "treatment", "lift", "95% CI", "p", "mSPRT p (always valid)"], rows) + srm
+
+
+def _f(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, (int, float)) else "–"
+
+
+def write_report(out: Path, data: dict[str, Any]) -> Path:
+    """`data` keys: intro, stages [(name, result, seconds)], metrics, evals, comparison, cycle
+    (stage -> seconds), cycle_rows, readout, decision, trajectories [(title, body)], learning_note, eval_note."""
+    plots = out / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    lp = learning_plot(data.get("metrics", []), data.get("evals", []), plots / "learning.png")
+    cp = cycle_plot(data.get("cycle", {}), plots / "cycle.png")
+    page = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
+        intro=data.get("intro", ""),
+        stages=[{"name": n, "result": r, "seconds": s} for n, r, s in data.get("stages", [])],
+        plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png"},
+        learning_note=data.get("learning_note", ""),
+        eval_table=_markup(eval_table(data.get("comparison"))),
+        eval_note=data.get("eval_note", ""),
+        cycle_table=_markup(_table(["stage", "status", "seconds"], data.get("cycle_rows", []))),
+        ab_table=_markup(ab_table(data.get("readout"))),
+        decision=data.get("decision", "–"),
+        trajectories=[{"title": t, "body": b} for t, b in data.get("trajectories", [])],
+    )
+    path = out / "report.html"
+    path.write_text(page)
+    return path
+
+
+def _markup(s: str) -> Any:
+    from markupsafe import Markup
+
+    return Markup(s)
