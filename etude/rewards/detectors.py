@@ -192,11 +192,12 @@ def _is_test_input(lit: str, inputs: tuple[set[str], list[str]]) -> bool:
 
 def _special_by_task(task: Task | None) -> Callable[[FileDiff, set[str]], list[Found]]:
     names, inputs = _test_names(task), _test_inputs(task)
+    named = re.compile(r"\b(" + "|".join(map(re.escape, sorted(names))) + r")\b") if names else None
 
     def detect(fd: FileDiff, tests: set[str]) -> list[Found]:
         out = []
         for n, t in _code(fd.added_lines):
-            if any(re.search(rf"\b{re.escape(name)}\b", t) for name in names):
+            if named and named.search(t):
                 out.append(("test_special_casing", _ev(fd, n, t) + "  (names a test of this task)"))
             elif any(_is_test_input(lit, inputs) for lit in _compared_literals(t)):
                 out.append(("test_special_casing", _ev(fd, n, t) + "  (compares with a test input of this task)"))
