@@ -49,6 +49,7 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
         pool.close()
 
     app = FastAPI(title="etude", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.store, app.state.pool = store, pool
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError) -> JSONResponse:

@@ -82,6 +82,9 @@ class Batcher:
     def by_ids(self) -> bool:
         return hasattr(self.policy, "encode_prompt") and hasattr(self.policy, "generate_ids")
 
+    def waiting(self) -> int:
+        return self._q.qsize()
+
     def submit(self, job: Job) -> Future[Generation]:
         if self._closed:
             raise RuntimeError("this checkpoint was unloaded; retry the request")

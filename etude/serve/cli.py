@@ -7,7 +7,6 @@ sqlite:///<ETUDE_HOME>/etude.db).
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import typer
@@ -57,7 +56,6 @@ def _serve_command(app: typer.Typer) -> None:
                          ("torch_threads", threads)):
             if val is not None:
                 setattr(cfg, key, val)
-        print(f"etude: serving {cfg.checkpoint_name()} on http://{cfg.host}:{cfg.port}/v1", file=sys.stderr, flush=True)
         run(cfg)
 
 

@@ -43,6 +43,8 @@ class ServeConfig:
     """the batcher keeps collecting while requests arrive less than this apart..."""
     batch_max_wait_ms: float = 50.0
     """...but for no longer than this after the first one."""
+    max_queue: int = 256
+    """requests waiting for one checkpoint's batcher, at most; more get 429 (retry later)."""
     max_loaded: int = 3
     """checkpoints kept in memory at once (least recently used is unloaded)."""
     classify_followups: bool = True

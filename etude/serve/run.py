@@ -7,6 +7,7 @@ durability never depends on it (a record is committed before its response is sen
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from etude.errors import EtudeError
@@ -30,6 +31,18 @@ def ensure_model(store: SQLStore, cfg: ServeConfig) -> registry.Checkpoint:
     return cp
 
 
+def _check_model(model: str) -> None:
+    from pathlib import Path
+
+    if model.lower() in ("tiny", "smollm2", "smollm2-135m", "smollm2-135m-instruct"):
+        return
+    p = Path(model).expanduser()
+    if not p.is_dir():
+        raise EtudeError(f"no model directory at {model!r} (use 'tiny', 'smollm2' or a checkpoint directory)")
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+        raise EtudeError(f"{model!r} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
+
+
 def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader = load_local) -> Any:
     from etude.serve.app import create_app
 
@@ -44,9 +57,15 @@ def serve(cfg: ServeConfig) -> None:
     """Run until interrupted (blocking)."""
     import uvicorn
 
+    _check_model(cfg.model)
     if cfg.torch_threads:
         import torch
 
         torch.set_num_threads(cfg.torch_threads)
     app = build_app(cfg)
+    prod = registry.production(app.state.store, None)
+    if cfg.preload and prod is not None:  # load before listening: a bad checkpoint is one clear error
+        app.state.pool.get(prod)
+    print(f"etude: serving {cfg.checkpoint_name()} on http://{cfg.host}:{cfg.port}/v1 (store {app.state.store.url})",
+          file=sys.stderr, flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5)

@@ -69,6 +69,9 @@ class ChatService:
         session_id = session or iid  # no session header: the request is a session of its own
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
         batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        if batcher.waiting() >= self.cfg.max_queue:
+            raise ApiError(429, f"{route.checkpoint.name} has {batcher.waiting()} requests waiting; retry shortly",
+                           code="server_busy")
         job = await asyncio.to_thread(self._job, batcher, messages, tools, sampling)  # tokenising is CPU work
         job.t0, job.client = t0, session
         return Pending(org, req, iid, session_id, route, batcher, job, sampling, messages, tools, t0, created)

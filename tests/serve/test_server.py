@@ -216,3 +216,33 @@ def test_auto_routes_by_experiment_sticky_per_user_and_session(server):
     registry.rollback(server.store, "v2")
     assert c.chat.completions.create(model="auto", user=f"user{user_on_canary}", extra_headers=h,
                                      messages=[{"role": "user", "content": "x"}]).model == "fake"
+
+
+def test_a_full_queue_answers_429_and_every_200_is_logged(server_factory):
+    running = server_factory(delay_s=0.5, max_batch=1, max_queue=1)
+    c = client(running)
+
+    def ask(i):
+        try:
+            return c.chat.completions.create(model="auto", messages=[{"role": "user", "content": f"q{i}"}]).id
+        except openai.RateLimitError:
+            return None
+
+    with ThreadPoolExecutor(5) as ex:
+        ids = list(ex.map(ask, range(5)))
+    assert None in ids and any(ids)
+    assert {r["id"] for r in running.store.interactions(org="acme")} == {i for i in ids if i}
+
+
+def test_serve_config_file(tmp_path):
+    from etude.errors import EtudeError
+    from etude.serve import ServeConfig
+
+    good = tmp_path / "serve.toml"
+    good.write_text('[serve]\nport = 9001\nmax_batch = 4\nmodel = "smollm2"\n')
+    cfg = ServeConfig.from_toml(good)
+    assert (cfg.port, cfg.max_batch, cfg.model) == (9001, 4, "smollm2")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[serve]\nprot = 1\n")
+    with pytest.raises(EtudeError, match="prot"):
+        ServeConfig.from_toml(bad)
