@@ -7,7 +7,9 @@ full copy of the template (`Workspace.create(kind="copy")`) and the whole test s
 verdict (checked). Everything runs in the real sandbox on real PyPI sdists; sdists and the test
 venv are cached after the first run (the first run also pays the downloads).
 
-    python bench/tasks.py [--synth-max 8] [--grade-n 5] [--no-mine]
+    python bench/tasks.py [--synth-max 8] [--grade-n 5] [--no-mine] [--suite-sample 2]
+
+It also re-grades a sample of the cached built-in suite (gold patch must resolve, base must not).
 """
 
 from __future__ import annotations
@@ -90,12 +92,34 @@ def bench_grading(tasks: list, n: int) -> dict:
             "speedup": round(med_base / med_ours, 2), "verdicts_agree": agree}  # fmt: skip
 
 
+def bench_suite_sample(per_package: int) -> dict | None:
+    """Gold patch and base of a few cached built-in-suite tasks per package, graded afresh."""
+    import random
+
+    from etude.tasks.schema import load_tasks
+    from etude.tasks.suite import PACKAGES, _package_file
+
+    rng, rows = random.Random(7), []
+    for pkg in PACKAGES:
+        f = _package_file(pkg)
+        if not f.is_file():
+            continue
+        for t in rng.sample(load_tasks(f), min(per_package, 2)):
+            rows.append({"instance_id": t.instance_id, "gold_resolved": grade(t, t.patch).outcome.resolved,
+                         "base_resolved": grade(t, "").outcome.resolved})  # fmt: skip
+    if not rows:
+        return None
+    return {"sampled": len(rows), "gold_resolved": sum(r["gold_resolved"] for r in rows),
+            "base_resolved": sum(r["base_resolved"] for r in rows), "rows": rows}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--synth-package", default="tinydb==4.8.2")
     ap.add_argument("--synth-max", type=int, default=8)
     ap.add_argument("--grade-n", type=int, default=5)
     ap.add_argument("--no-mine", action="store_true")
+    ap.add_argument("--suite-sample", type=int, default=2, help="cached suite tasks per package to re-grade (0: none)")
     a = ap.parse_args()
     prepare_t0 = time.monotonic()
     synth, tasks = bench_synth(a.synth_package, a.synth_max)
@@ -104,6 +128,7 @@ def main() -> None:
         "synth": synth,
         "mine": None if a.no_mine else bench_mine("tinydb", "4.8.2", "4.9.0"),
         "grading": bench_grading(tasks, a.grade_n),
+        "suite_sample": bench_suite_sample(a.suite_sample) if a.suite_sample else None,
         "wall_s": round(time.monotonic() - prepare_t0, 1),
         "note": "load from other processes on the machine inflates every figure alike; compare ours with baseline within a run",
     }  # fmt: skip
