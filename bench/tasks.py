@@ -104,7 +104,8 @@ def bench_suite_sample(per_package: int) -> dict | None:
         f = _package_file(pkg)
         if not f.is_file():
             continue
-        for t in rng.sample(load_tasks(f), min(per_package, 2)):
+        tasks = load_tasks(f)
+        for t in rng.sample(tasks, min(per_package, len(tasks))):
             rows.append({"instance_id": t.instance_id, "gold_resolved": grade(t, t.patch).outcome.resolved,
                          "base_resolved": grade(t, "").outcome.resolved})  # fmt: skip
     if not rows:
