@@ -91,6 +91,11 @@ def _build_package(
     return [dataclasses.replace(t, meta={**t.meta, "suite": SUITE_VERSION, "split": pkg.split}) for t in tasks]
 
 
+def _partial_size(p: Path, full: Path) -> int:
+    tail = p.name[len(full.stem + "-first") : -len(".jsonl")]
+    return int(tail) if tail.isdigit() else -1
+
+
 def package_tasks(pkg: Package, progress: Progress | None = None, limit: int | None = None) -> list[Task]:
     """The package's validated tasks, built once and then loaded from cache. With `limit` and no
     full build cached, only that many synthetic tasks are built (and cached apart), so a caller
@@ -100,9 +105,13 @@ def package_tasks(pkg: Package, progress: Progress | None = None, limit: int | N
     if full.is_file():
         return load_tasks(full)
     if limit is not None and limit < pkg.synth:
+        # Any earlier partial build at least this big will do (same seed: same first tasks).
+        sizes = sorted(
+            n for n in (_partial_size(p, full) for p in full.parent.glob(full.stem + "-first*.jsonl")) if n >= limit
+        )
+        if sizes:
+            return load_tasks(full.with_name(full.stem + f"-first{sizes[0]}.jsonl"))[:limit]
         part = full.with_name(full.stem + f"-first{limit}.jsonl")
-        if part.is_file():
-            return load_tasks(part)
         tasks = _build_package(pkg, say, synth_n=limit, mine_releases=False)
         save_tasks(tasks, part)
         return tasks
