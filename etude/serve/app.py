@@ -156,13 +156,16 @@ async def _stream(service: ChatService, p: Pending, include_usage: bool) -> Asyn
         p.job.on_token = lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, tok)
     fut = asyncio.wrap_future(p.batcher.submit(p.job))
     fut.add_done_callback(lambda _f: tokens.put_nowait(None))
+    # The record is written by a task of its own, so a client that hangs up mid-stream does not
+    # cancel it: the sample (and its log-probs) is still logged, just never acknowledged.
+    logged = asyncio.ensure_future(_finish_when_generated(service, p, fut))
     yield role_chunk(p.id, p.route.checkpoint.name)
     while (tok := await tokens.get()) is not None:
         delta = visible.add(tok)
         if delta:
             yield content_chunk(p.id, p.route.checkpoint.name, delta)
     try:
-        answer = await service.finish(p, await fut)
+        answer = await asyncio.shield(logged)
     except Exception as e:  # headers are gone: the error becomes an event, and there is no [DONE]
         body = e.body() if isinstance(e, ApiError) else ApiError(500, f"internal error: {type(e).__name__}: {e}").body()
         yield sse(body)
@@ -170,6 +173,10 @@ async def _stream(service: ChatService, p: Pending, include_usage: bool) -> Asyn
     rest = answer.parsed.text[len(visible.sent):] if answer.parsed.text.startswith(visible.sent) else ""
     for event in stream_chunks(answer, _PIECE.findall(rest), include_usage, with_role=False):
         yield event
+
+
+async def _finish_when_generated(service: ChatService, p: Pending, fut: Any) -> Any:
+    return await service.finish(p, await fut)
 
 
 class VisibleText:

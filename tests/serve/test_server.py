@@ -246,3 +246,26 @@ def test_serve_config_file(tmp_path):
     bad.write_text("[serve]\nprot = 1\n")
     with pytest.raises(EtudeError, match="prot"):
         ServeConfig.from_toml(bad)
+
+
+def test_a_stream_the_client_abandons_is_still_logged(server_factory):
+    import time
+
+    from etude.errors import NotFound
+
+    running = server_factory(delay_s=0.5)
+    h = {"authorization": f"Bearer {running.key('acme')}"}
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "bye"}]}
+    with httpx.Client(timeout=10) as hc, hc.stream("POST", f"{running.base_url}/chat/completions", json=body,
+                                                   headers=h) as r:
+        iid = r.headers["x-etude-interaction-id"]
+        next(r.iter_lines())  # the role chunk, then hang up mid-generation
+    for _ in range(100):
+        try:
+            rec = running.store.interaction("acme", iid)
+            break
+        except NotFound:
+            time.sleep(0.1)
+    else:
+        raise AssertionError("the abandoned stream was never logged")
+    assert rec["response"]["content"] == "echo: bye"
