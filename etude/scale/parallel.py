@@ -32,6 +32,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -283,20 +284,34 @@ def init_from_env(backend: str = "gloo") -> None:
 
 
 def _ray_worker(config: dict[str, Any]) -> None:
+    import tempfile
+
     import ray.train
 
     res = distributed_step(ParallelConfig(**config))
-    ray.train.report(res)
+    # NOTE: Ray Train 2.60 keeps reported metrics only with a checkpoint, so rank 0 ships its
+    # result as a one-file checkpoint (it lands in the run's storage_path, shared on a cluster).
+    if dist.get_rank() != 0:
+        ray.train.report(res)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "result.json").write_text(json.dumps(res))
+        ray.train.report(res, checkpoint=ray.train.Checkpoint.from_directory(d))
 
 
-def launch_ray(cfg: ParallelConfig, backend: str = "gloo") -> dict[str, Any]:
+def launch_ray(cfg: ParallelConfig, backend: str = "gloo", storage_path: str | None = None) -> dict[str, Any]:
     """The same check step on `cfg.world` Ray Train workers (Ray starts the process group)."""
-    from ray.train import ScalingConfig
+    from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     trainer = TorchTrainer(_ray_worker, train_loop_config=asdict(cfg), torch_config=TorchConfig(backend=backend),
-                           scaling_config=ScalingConfig(num_workers=cfg.world, use_gpu=False))
-    return dict(trainer.fit().metrics)
+                           scaling_config=ScalingConfig(num_workers=cfg.world, use_gpu=False),
+                           run_config=RunConfig(storage_path=storage_path))
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise EtudeError("the Ray Train run reported no result")
+    with result.checkpoint.as_directory() as d:
+        return json.loads(Path(d, "result.json").read_text())
 
 
 def parse_layouts(spec: str) -> list[tuple[int, int, int, bool]]:

@@ -88,3 +88,18 @@ def test_bad_layouts_and_launch_give_clear_errors(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(EtudeError, match="torchrun"):
         init_from_env()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("ETUDE_TEST_RAY") != "1", reason="~3 min on 2 cores: set ETUDE_TEST_RAY=1")
+def test_ray_train_workers_run_the_same_config(tmp_path):
+    import ray
+
+    from etude.scale.parallel import launch_ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        r = launch_ray(ParallelConfig(dp_shard=2, ep=2), storage_path=str(tmp_path / "ray"))
+    finally:
+        ray.shutdown()
+    assert abs(r["loss"] - r["ref_loss"]) < TOL and r["max_grad_diff"] < TOL
