@@ -285,8 +285,10 @@ class _Cycle:
         cand = self.state.stage("register")["outputs"]["checkpoint"]["name"]
         if "since" not in out:
             self.state.progress("canary", since=time.time(), experiment=exp_id, rounds=0, readouts=[])
+        # A salt derived from the config makes the user split reproducible for a given seed.
+        salt = hashlib.sha256(f"{exp_id}:{self.cfg.seed}".encode()).hexdigest()[:16]
         registry.set_experiment(self.store, exp_id, [("control", self.prod["name"], c.weights[0]),
-                                                     ("canary", cand, c.weights[1])], org=self.cfg.org)
+                                                     ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
         while out["rounds"] < c.rounds:
             self._traffic("canary", out["rounds"])
             rd = self._readout(exp_id)

@@ -12,7 +12,7 @@ read exactly as distillation reads it. Metrics (ratio of per-user sums, numerato
 | dissatisfied_rate | follow-ups labelled dissatisfied | interactions | lower |
 | tool_error_rate | broken calls (malformed, failed) | interactions | lower |
 | clarification_rate | answers that only ask the user a question | interactions | lower |
-| edit_rate | interactions with an edit/write call | interactions | (hack: a drop) |
+| edit_rate | interactions with an edit/write call (attempted) | interactions | (hack: a drop) |
 | latency_s | Σ server latency | interactions | lower |
 | answer_length | Σ completion tokens | interactions | lower |
 
@@ -27,6 +27,7 @@ from typing import Any
 
 METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "clarification_rate",
            "edit_rate", "latency_s", "answer_length")
+EDIT_TOOLS = ("edit_file", "write_file")
 ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
 
 
@@ -53,7 +54,8 @@ def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str
             "user": r["user_id"] or r["session_id"], "arm": r["arm"], "ts": r["created_at"],
             "checkpoint": r["checkpoint"], "broken": turn.broken_calls, "calls": calls,
             "clarification": int(calls == 0 and asks_question(answer)),
-            "edit": int(any(is_edit(x) for x in turn.tool_executions)),
+            # attempted edits count: avoiding edits altogether is the hack this indicator watches
+            "edit": int(any(x.call.name in EDIT_TOOLS or is_edit(x) for x in turn.tool_executions)),
             "latency_s": float(r["latency_s"]), "tokens": int(r["completion_tokens"]),
             "accept": sum(e["kind"] == "accept" for e in evs), "reject": sum(e["kind"] == "reject" for e in evs),
             "persist": [float(e["value"]) for e in evs if e["kind"] == "edit_persistence" and e["value"] is not None],

@@ -91,7 +91,9 @@ class _Runner:
                           max_retries=1, timeout_s=300.0)
 
     def _session(self, user: str, sid: str, task: Task) -> dict[str, Any]:
-        from etude.envs.episode import _request as task_request  # the same request text as training
+        # NOTE: the same request text as training episodes (no gap between the two); it is a
+        # private helper of etude.envs, so a change there shows up here at once.
+        from etude.envs.episode import _request as task_request
         from etude.sandbox import Workspace
 
         t0 = time.monotonic()

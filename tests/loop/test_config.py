@@ -1,0 +1,49 @@
+"""LoopConfig from TOML: the shipped config loads, typos are one-line errors (exit 2 from the CLI)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etude.errors import EtudeError
+from etude.loop import LoopConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_tiny_config_loads() -> None:
+    cfg = LoopConfig.from_toml(ROOT / "configs" / "loop_tiny.toml")
+    assert cfg.model == "tiny" and cfg.traffic.kind == "scripted"
+    assert cfg.canary.weights == (0.5, 0.5) and cfg.canary.guardrails[0].metric == "dissatisfied_rate"
+    assert {a.metric for a in cfg.alarms.rules} == {"tool_error_rate", "clarification_rate", "edit_rate", "answer_length"}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[train]\nstepz = 3\n", "unknown key(s) in [train]: stepz"),
+    ("[bogus]\nx = 1\n", "unknown table(s) in loop config: bogus"),
+    ("[canary]\nprimary = \"nope\"\n", "unknown metric(s) nope"),
+    ("[canary]\nweights = [1.0]\n", "weights must be two positive numbers"),
+    ("[traffic]\nkind = \"command\"\n", "needs a command"),
+    ("[alarms]\nrules = [{ metric = \"x\", colour = 1 }]\n", "unknown key(s) in [alarms.rules]: colour"),
+])
+def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    with pytest.raises(EtudeError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        LoopConfig.from_toml(p)
+
+
+def test_cli_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    p.write_text("[train]\nsteps = \"many\"\nstepz = 1\n")
+    res = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(p)], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("etude: error: unknown key(s) in [train]: stepz")
+    assert "Traceback" not in res.stderr
+    missing = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(tmp_path / "none.toml")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "cannot read loop config" in missing.stderr
