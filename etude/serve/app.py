@@ -118,7 +118,8 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Any:
         org = await org_of(request)
-        record = _feedback_record(org, await body_of(request))
+        body = await body_of(request)
+        record = await asyncio.to_thread(_feedback_record, org, body, service.followup_model())
         if record["interaction_id"] is None:  # named by session: the session's newest interaction
             last = await asyncio.to_thread(store.last_interaction, org, record.pop("session_id"))
             if last is None:
@@ -217,7 +218,7 @@ class VisibleText:
         return text
 
 
-def _feedback_record(org: str, body: bytes) -> dict[str, Any]:
+def _feedback_record(org: str, body: bytes, model: Any = None) -> dict[str, Any]:
     """Validate a /v1/feedback body: {"interaction_id" | "session_id", "kind", "value"?, "data"?}."""
     import json
 
@@ -241,23 +242,23 @@ def _feedback_record(org: str, body: bytes) -> dict[str, Any]:
     if kind == "edit_persistence" and (value is None or not 0.0 <= value <= 1.0):
         raise ApiError(400, "edit_persistence needs a value in [0, 1] (the surviving share)", "value")
     if kind == "followup":
-        value, data = _classify_followup(value, data)
+        value, data = _classify_followup(value, data, model)
     return {"org_id": org, "interaction_id": iid if isinstance(iid, str) else None, "session_id": sid,
             "kind": kind, "value": value, "data": data, "source": "client"}
 
 
-def _classify_followup(value: Any, data: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    # A client may send the follow-up text and let the server's rules label it, or a label itself.
-    from etude.feedback.signals import explain_followup
+def _classify_followup(value: Any, data: dict[str, Any], model: Any = None) -> tuple[Any, dict[str, Any]]:
+    # A client may send the follow-up text and let the server label it, or a label itself.
+    from etude.feedback.followup_model import classify
 
     label = data.get("label")
     if label is None:
         text = data.get("text")
         if not isinstance(text, str):
             raise ApiError(400, "followup feedback needs data.text (the next user message) or data.label", "data")
-        verdict = explain_followup(text, data.get("previous") if isinstance(data.get("previous"), str) else None)
-        data = {**data, "label": verdict.label, "rule": verdict.rule, "label_source": "rules"}
-        label = verdict.label
+        previous = data.get("previous") if isinstance(data.get("previous"), str) else None
+        label, source = classify(text, previous, model)
+        data = {**data, "label": label, "label_source": source}
     if label not in ("dissatisfied", "neutral", "satisfied"):
         raise ApiError(400, "data.label must be dissatisfied, neutral or satisfied", "data")
     return (1.0 if label == "dissatisfied" else 0.0) if value is None else value, data

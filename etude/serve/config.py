@@ -50,6 +50,9 @@ class ServeConfig:
     classify_followups: bool = True
     """label the next user message of a session with etude.feedback.signals' rules and store a
     `followup` feedback event on the previous interaction."""
+    followup_model: str | None = None
+    """also label follow-ups the rules call neutral with the embedding model of
+    etude.feedback.followup_model ("minilm", or any etude.search embedder spec); None: rules only."""
     torch_threads: int | None = None
     """torch intra-op threads for generation (None: torch's default, one per core). On a shared
     machine 1 is often several times faster: measured 0.8 s vs 10.8 s for a batch of 4 with the

@@ -13,6 +13,7 @@ Malformed tool calls in the model's output are not errors of the request: they a
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,19 @@ class ChatService:
     def __init__(self, cfg: ServeConfig, store: SQLStore, pool: PolicyPool):
         self.cfg, self.store, self.pool = cfg, store, pool
         self.router = Router(store)
+        self._followup_model: Any = None
+        self._model_lock = threading.Lock()
+
+    def followup_model(self) -> Any:
+        """The optional follow-up classifier, loaded on first use (None: rules only)."""
+        if self.cfg.followup_model is None:
+            return None
+        with self._model_lock:
+            if self._followup_model is None:
+                from etude.feedback.followup_model import EmbeddingFollowupClassifier
+
+                self._followup_model = EmbeddingFollowupClassifier(self.cfg.followup_model)
+        return self._followup_model
 
     async def prepare(self, org: str, req: ChatRequest, session: str | None) -> Pending:
         """Validate, route, load and tokenise: everything that can fail as a 4xx happens here,
@@ -159,14 +173,15 @@ class ChatService:
         followup = self._followup(record, messages) if self.cfg.classify_followups else None
         if followup is None:
             return [("interaction", record)]
-        pos, label, prev = followup
-        record["messages"][pos].update(label=label, label_source="rules")
+        pos, label, prev, source = followup
+        record["messages"][pos].update(label=label, label_source=source)
         return [("interaction", record), ("feedback", {
             "org_id": record["org_id"], "interaction_id": prev, "kind": "followup",
             "value": 1.0 if label == "dissatisfied" else 0.0, "source": "server",
-            "data": {"label": label, "message_interaction_id": record["id"], "position": pos}})]
+            "data": {"label": label, "label_source": source, "message_interaction_id": record["id"],
+                     "position": pos}})]
 
-    def _followup(self, record: dict[str, Any], messages: list[Message]) -> tuple[int, str, str] | None:
+    def _followup(self, record: dict[str, Any], messages: list[Message]) -> tuple[int, str, str, str] | None:
         # The user's last message, when it follows an earlier answer of the same session, is the
         # follow-up to that answer: I label it here and attach the verdict to that interaction.
         if not messages or messages[-1].role != "user":
@@ -174,11 +189,11 @@ class ChatService:
         prev = self.store.last_interaction(record["org_id"], record["session_id"])
         if prev is None:
             return None
-        from etude.feedback.signals import classify_followup
+        from etude.feedback.followup_model import classify
 
         earlier = [m["content"] for m in prev["messages"] if m["role"] == "user"]
-        label = classify_followup(messages[-1].content, earlier[-1] if earlier else None)
-        return len(messages) - 1, label, prev["id"]
+        label, source = classify(messages[-1].content, earlier[-1] if earlier else None, self.followup_model())
+        return len(messages) - 1, label, prev["id"], source
 
 
 def _message_dict(m: Message) -> dict[str, Any]:
