@@ -84,7 +84,7 @@ class _Runner:
             return self._session(user, sid, task)
         except Exception as e:  # noqa: BLE001 - one failed session must not stop the others
             return {"user": user, "session": sid, "task": task.instance_id, "error": f"{type(e).__name__}: {e}",
-                    "scripted": True}
+                    "scripted": True, "note": SCRIPTED_NOTE}
 
     def _policy(self, user: str, sid: str) -> UserPolicy:
         return UserPolicy(self.base_url, self.model, self.api_key, {"x-etude-session": sid}, user=user,
@@ -114,7 +114,7 @@ class _Runner:
                 "followup": follow is not None, "turns": len(traj.turns), "stop_reason": traj.stop_reason,
                 "latency_s": round(time.monotonic() - t0, 3), "checkpoint": served.get("checkpoint"),
                 "arm": served.get("arm"), "interaction_ids": _ids(traj) + (_ids(follow) if follow else []),
-                "scripted": True}
+                "scripted": True, "note": SCRIPTED_NOTE}
 
     def _feedback(self, repo: Any, traj: Trajectory, sid: str, resolved: bool) -> dict[str, Any]:
         import dataclasses
