@@ -1,0 +1,53 @@
+"""Cycle bookkeeping: state.json survives a crash between writes, finished cycles are not
+resumed, and a cycle whose window has no traffic ends with decision "skip" (real store)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from etude.loop import LoopConfig, TrafficContext, run_cycle
+from etude.loop.cycle import next_cycle_dir
+from etude.loop.state import STAGES, CycleState
+
+
+def test_state_is_reloaded_as_written(tmp_path: Path) -> None:
+    st = CycleState.load_or_create(tmp_path / "cycle-0001", 1, {"x": 1})
+    st.start("collect")
+    st.progress("collect", since=123.0)
+    again = CycleState.load_or_create(tmp_path / "cycle-0001", 1, {"x": 2})  # as after a kill -9
+    assert again.status("collect") == "running" and again.stage("collect")["attempts"] == 1
+    assert again.stage("collect")["outputs"]["since"] == 123.0 and again.data["config"] == {"x": 1}
+    again.start("collect")
+    again.finish("collect", interactions=3)
+    s = CycleState.load_or_create(tmp_path / "cycle-0001", 1, {}).stage("collect")
+    assert (s["status"], s["attempts"], s["outputs"]) == ("done", 2, {"since": 123.0, "interactions": 3})
+    assert not list((tmp_path / "cycle-0001").glob("*.tmp"))
+
+
+def test_next_cycle_dir_resumes_unfinished_then_moves_on(tmp_path: Path) -> None:
+    assert next_cycle_dir(tmp_path).name == "cycle-0001"
+    st = CycleState.load_or_create(tmp_path / "cycle-0001", 1, {})
+    assert next_cycle_dir(tmp_path).name == "cycle-0001"
+    st.data["finished"] = True
+    st.save()
+    assert next_cycle_dir(tmp_path).name == "cycle-0002"
+
+
+def test_cycle_without_traffic_is_skipped_and_not_rerun(tmp_path: Path) -> None:
+    calls: list[tuple[str, int]] = []
+
+    def no_traffic(ctx: TrafficContext) -> None:
+        calls.append((ctx.phase, ctx.round))
+        assert ctx.api_key.startswith("etk_") and ctx.org == "acme"
+
+    cfg = LoopConfig(root=str(tmp_path / "root"), org="acme", model="tiny")
+    rep = run_cycle(cfg, traffic=no_traffic, progress=False).to_dict()
+    assert calls == [("collect", 0)]
+    assert rep["decision"] == "skip" and rep["distill"]["samples"] == 0
+    assert [rep["stages"][s]["status"] for s in STAGES] == ["done", "done"] + ["skipped"] * 5 + ["done"]
+    assert rep["production_after"] == {"name": "tiny", "version": 0}
+    saved = json.loads((tmp_path / "root" / "cycle-0001" / "report.json").read_text())
+    assert saved["decision"] == "skip"
+    rep2 = run_cycle(cfg, traffic=no_traffic, progress=False)
+    assert rep2.cycle == 2 and Path(rep2.cycle_dir).name == "cycle-0002"
