@@ -56,7 +56,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
             v = f"{v:.4g}"
         return f"<td{cls}>{html.escape(str(v))}</td>"
 
-    head = "".join(f'<th{" class=\"l\"" if i == 0 else ""}>{html.escape(h)}</th>' for i, h in enumerate(header))
+    left = ' class="l"'
+    head = "".join(f"<th{left if i == 0 else ''}>{html.escape(h)}</th>" for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell(v, i) for i, v in enumerate(r)) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 

@@ -58,6 +58,14 @@ QUICK = DemoConfig(model="tiny", eval_tasks=2, eval_steps=2, eval_max_tokens=32,
                    group_size=2, train_max_tokens=24, lr=1e-3, loop_config="configs/loop_tiny.toml")
 
 
+def _jsonable(x: Any) -> Any:
+    import dataclasses
+
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        x = dataclasses.asdict(x)
+    return json.loads(json.dumps(x, default=str))
+
+
 def _wilson(k: int, n: int) -> tuple[float, float]:
     if n == 0:
         return (0.0, 1.0)
@@ -76,14 +84,31 @@ class Demo:
         self.con = console or Console()
         self.stages: list[tuple[str, str, float]] = []
         self.data: dict[str, Any] = {}
+        # A rerun with the same --out resumes: finished stages are read back, not redone.
+        self.state_path = self.out / "demo_state.json"
+        self.done: dict[str, Any] = json.loads(self.state_path.read_text()) if self.state_path.is_file() else {}
+        if self.done.get("config") not in (None, _jsonable(cfg)):
+            self.con.print(f"[yellow]{self.out} holds a demo run with another configuration: starting over[/yellow]")
+            self.done = {}
+        self.done["config"] = _jsonable(cfg)
 
-    def stage(self, name: str, fn: Any) -> Any:
+    def stage(self, name: str, fn: Any, *, resumable: bool = True) -> Any:
         self.con.rule(f"[bold]{name}")
+        if resumable and name in self.done.get("stages", {}):
+            st = self.done["stages"][name]
+            self.stages.append((name, st["summary"], st["seconds"]))
+            self.con.print(f"[green]✓[/green] {name}: {st['summary']}  (from the earlier run, {st['seconds']:.1f} s)")
+            return st["result"]
         t0 = time.monotonic()
         result, summary = fn()
         dt = time.monotonic() - t0
         self.stages.append((name, summary, dt))
         self.con.print(f"[green]✓[/green] {name}: {summary}  ({dt:.1f} s)")
+        if resumable:
+            self.done.setdefault("stages", {})[name] = {"summary": summary, "seconds": dt, "result": _jsonable(result)}
+            tmp = self.state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.done, default=str))
+            tmp.replace(self.state_path)
         return result
 
     # -- stages
@@ -93,7 +118,7 @@ class Demo:
         ev = builtin_suite("eval", max_tasks=self.cfg.eval_tasks)
         save_tasks(ev, self.out / "eval_slice.jsonl")
         pkgs = sorted({t.source.get("package", t.repo) for t in ev})
-        return ev, f"{len(ev)} held-out tasks from {', '.join(pkgs)}"
+        return [t.instance_id for t in ev], f"{len(ev)} held-out tasks from {', '.join(pkgs)}"
 
     def evaluate(self, model: str, name: str) -> tuple[Any, str]:
         from etude.evals import EvalConfig, run_eval
@@ -102,8 +127,9 @@ class Demo:
         h = HarnessConfig(max_steps=self.cfg.eval_steps, max_tokens_per_turn=self.cfg.eval_max_tokens, temperature=0.0)
         cfg = EvalConfig(workers=self.cfg.workers, max_steps=self.cfg.eval_steps, harness=h)
         s = run_eval(self.out / "eval_slice.jsonl", model, self.out / name, cfg)
-        c = s["correctness"]
-        return s, f"resolved {c['resolved_rate']:.0%} of {s.get('tasks', '?')} tasks ({model})"
+        r = s["correctness"]["resolved_rate"]
+        return s, (f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks "
+                   f"[95% CI {r['ci_low']:.0%}–{r['ci_high']:.0%}] ({model})")
 
     def train(self) -> tuple[Any, str]:
         from etude.train import EnvConfig, TrainConfig, train
@@ -114,11 +140,6 @@ class Demo:
                            checkpoint_every=max(1, c.train_steps), eval_every=max(1, c.train_steps // 2),
                            eval_problems=4, env=EnvConfig(name=c.train_env))
         res = train(tcfg, self.out / "train", progress=True)
-        from etude.train.metrics import read_metrics
-
-        recs = read_metrics(self.out / "train")
-        self.data["metrics"] = [r for r in recs if r.get("kind") != "eval"]
-        self.data["evals"] = [self._eval_point(r) for r in recs if r.get("kind") == "eval"]
         last = res.get("last") or {}
         return res, (f"{res['steps']} steps on '{c.train_env}', last reward {last.get('reward', float('nan')):.3f}, "
                      f"checkpoint {Path(res['checkpoint']).name if res.get('checkpoint') else '-'}")
@@ -133,7 +154,6 @@ class Demo:
         from etude.evals import compare
 
         v = compare(self.out / "eval-base", self.out / "eval-trained")
-        self.data["comparison"] = v
         return v, "gate passed" if v.get("gate_passed") else f"gate failed ({', '.join(v.get('regressions', [])) or 'see report'})"
 
     def cycle(self, production: str) -> tuple[Any, str]:
@@ -141,13 +161,16 @@ class Demo:
 
         lc = LoopConfig.from_toml(self.cfg.loop_config)
         lc = replace(lc, model=production, root=str(self.out / "loop"), db=None)
-        rep = run_cycle(lc).to_dict()
-        self.data["cycle_report"] = rep
+        rep = run_cycle(lc, cycle_dir=self.out / "loop" / "cycle-0001").to_dict()
         return rep, f"decision: {rep.get('decision')} ({rep.get('reason')})"
 
     def report(self) -> tuple[Any, str]:
         from etude.demo.report import write_report
+        from etude.train.metrics import read_metrics
 
+        recs = read_metrics(self.out / "train")
+        self.data["metrics"] = [r for r in recs if r.get("kind") != "eval"]
+        self.data["evals"] = [self._eval_point(r) for r in recs if r.get("kind") == "eval"]
         rep = self.data.get("cycle_report") or {}
         stages = rep.get("stages", {})
         d = {
@@ -170,7 +193,7 @@ class Demo:
         path = write_report(self.out, d)
         (self.out / "demo.json").write_text(json.dumps({"stages": self.stages, "cycle": rep,
                                                         "comparison": self.data.get("comparison")}, indent=1, default=str))
-        return path, str(path)
+        return str(path), str(path)
 
     def _examples(self, k: int = 2) -> list[tuple[str, str]]:
         out = []
@@ -196,9 +219,9 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     res = demo.stage("3. sandbox RL", demo.train)
     ckpt = res.get("checkpoint") or cfg.model
     demo.stage("4. trained evaluation", lambda: demo.evaluate(ckpt, "eval-trained"))
-    demo.stage("   comparison", demo.compare)
-    demo.stage("5. real-time cycle", lambda: demo.cycle(ckpt))
-    path = demo.stage("6. report", demo.report)
+    demo.data["comparison"] = demo.stage("   comparison", demo.compare)
+    demo.data["cycle_report"] = demo.stage("5. real-time cycle", lambda: demo.cycle(ckpt))
+    path = demo.stage("6. report", demo.report, resumable=False)
     demo.con.rule()
     demo.con.print(f"done in {time.monotonic() - t0:.0f} s — report: [bold]{path}[/bold]")
     return path
