@@ -13,7 +13,8 @@ An experiment (per scope, at most one active) splits `auto` traffic over arms by
 
 Not guaranteed: that a checkpoint's path still exists on disk (the server reports it on load).
 An organisation may route only to shared checkpoints and its own; this is checked here, at
-`set_experiment`, and again by the router on every request.
+`set_experiment`, and again by the router on every request. Retiring a checkpoint (by any
+route: promotion of another, rollback, set_state) stops the experiments that route to it.
 """
 
 from __future__ import annotations
@@ -201,6 +202,8 @@ def _set_state(conn: sa.Connection, name: str, state: str, reason: str) -> None:
     conn.execute(t.checkpoints.update().where(t.checkpoints.c.name == name)
                  .values(state=state, updated_at=time.time()))
     _event(conn, name, old, state, reason)
+    if state == "retired":  # however it got retired (promotion of another, rollback, by hand)
+        _stop_experiments_using(conn, name)
 
 
 def _promote(conn: sa.Connection, name: str, reason: str = "") -> None:

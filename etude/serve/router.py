@@ -71,7 +71,8 @@ class Router:
         exp = active_experiment(self.store, org)
         if exp is not None:
             arm = choose_arm(exp, user)
-            return Route(self._usable(org, arm.checkpoint), exp.id, arm.name)
+            if self._still_usable(org, arm.checkpoint):  # else (a race with a retirement): production
+                return Route(self._usable(org, arm.checkpoint), exp.id, arm.name)
         prod = production(self.store, org)
         if prod is None:
             raise NotFound("no production checkpoint is registered for model 'auto'")

@@ -103,3 +103,13 @@ def test_sessions_are_pinned_and_a_retired_pin_is_replaced(store):
 def test_auto_without_any_production_is_not_found(store):
     with pytest.raises(NotFound):
         Router(store).resolve("acme", "auto", "u", None)
+
+
+def test_retiring_a_checkpoint_stops_the_experiments_that_route_to_it(store):
+    reg.register_checkpoint(store, "v1", "tiny", state="production")
+    reg.register_checkpoint(store, "v2", "tiny", version=1)
+    reg.set_experiment(store, "e", [("control", "v1", 0.5), ("canary", "v2", 0.5)])
+    reg.promote(store, "v2")  # v1, the control arm, is retired by the promotion
+    assert reg.get_experiment(store, "e").status == "stopped"
+    r = Router(store)
+    assert {r.resolve("acme", "auto", f"u{i}", None).checkpoint.name for i in range(20)} == {"v2"}
