@@ -177,6 +177,10 @@ class _Cycle:
     def all_stages(self) -> None:
         from rich.console import Console
 
+        if self.cfg.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.cfg.torch_threads)
         con = Console(stderr=True, quiet=not self.show)
         for name in STAGES:
             if self.state.status(name) in ("done", "skipped"):
