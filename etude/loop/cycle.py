@@ -56,6 +56,7 @@ class TrafficContext:
     cycle_dir: Path
     config: LoopConfig
     server: Callable[[], str]
+    progress: bool = False
 
 
 TrafficHook = Callable[[TrafficContext], Any]
@@ -155,8 +156,9 @@ class _Cycle:
         self.prod = self.state.data["production"]
 
     def api_key(self) -> str:
-        if self._key is None:  # a fresh key per run: keys are shown once, so none is kept on disk
-            self._key = self.store.create_key(self.cfg.org, name=f"loop-{self.index}")
+        if self._key is None:  # a fresh key per run, revoked when the run ends: none is kept on disk
+            key = self._key = self.store.create_key(self.cfg.org, name=f"loop-{self.index}")
+            self.stack.callback(self.store.revoke_key, self.cfg.org, key.split("_")[1])
         return self._key
 
     def server(self) -> str:
@@ -171,7 +173,7 @@ class _Cycle:
 
     def _traffic(self, phase: str, rnd: int) -> Any:
         ctx = TrafficContext(phase, rnd, self.cfg.org, self.cfg.db_url(), self.api_key(), self.dir, self.cfg,
-                             self.server)
+                             self.server, self.show)
         return self.traffic(ctx)
 
     def all_stages(self) -> None:
@@ -370,7 +372,7 @@ def _builtin_traffic(ctx: TrafficContext) -> Any:
                                   seed=ctx.config.seed * 1000 + ctx.round * 10 + (ctx.phase == "canary"),
                                   max_steps=t.max_steps, max_tokens=t.max_tokens, temperature=t.temperature,
                                   concurrency=t.concurrency, user_prefix=f"{ctx.config.name}-user",
-                                  progress=False)
+                                  progress=ctx.progress)
     if t.kind == "command":
         env = {**os.environ, "ETUDE_LOOP_PHASE": ctx.phase, "ETUDE_LOOP_ROUND": str(ctx.round), "ETUDE_DB": ctx.db,
                "ETUDE_API_KEY": ctx.api_key, "ETUDE_LOOP_ORG": ctx.org}

@@ -9,6 +9,7 @@ from pathlib import Path
 from etude.loop import LoopConfig, TrafficContext, run_cycle
 from etude.loop.cycle import next_cycle_dir
 from etude.loop.state import STAGES, CycleState
+from etude.store import open_store
 
 
 def test_state_is_reloaded_as_written(tmp_path: Path) -> None:
@@ -36,10 +37,12 @@ def test_next_cycle_dir_resumes_unfinished_then_moves_on(tmp_path: Path) -> None
 
 def test_cycle_without_traffic_is_skipped_and_not_rerun(tmp_path: Path) -> None:
     calls: list[tuple[str, int]] = []
+    keys: list[str] = []
 
     def no_traffic(ctx: TrafficContext) -> None:
         calls.append((ctx.phase, ctx.round))
-        assert ctx.api_key.startswith("etk_") and ctx.org == "acme"
+        keys.append(ctx.api_key)
+        assert open_store(ctx.db).authenticate(ctx.api_key) == "acme"  # a working key during the run
 
     cfg = LoopConfig(root=str(tmp_path / "root"), org="acme", model="tiny")
     rep = run_cycle(cfg, traffic=no_traffic, progress=False).to_dict()
@@ -49,5 +52,6 @@ def test_cycle_without_traffic_is_skipped_and_not_rerun(tmp_path: Path) -> None:
     assert rep["production_after"] == {"name": "tiny", "version": 0}
     saved = json.loads((tmp_path / "root" / "cycle-0001" / "report.json").read_text())
     assert saved["decision"] == "skip"
+    assert open_store(cfg.db_url()).authenticate(keys[0]) is None  # revoked when the run ended
     rep2 = run_cycle(cfg, traffic=no_traffic, progress=False)
     assert rep2.cycle == 2 and Path(rep2.cycle_dir).name == "cycle-0002"
