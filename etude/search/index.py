@@ -134,7 +134,9 @@ class SearchIndex:
         show = self.config.progress if self.config.progress is not None else (sys.stderr.isatty() and total > 1000)
         done = embedded = cached = 0
         with _progress(show, total, f"indexing {len(chunks)} files ({total} chunks)") as advance:
-            for group in _groups(chunks, self.config.embed_batch):
+            # Under a budget I embed in smaller groups: the budget is checked between groups.
+            batch = min(self.config.embed_batch, 64) if budget_s is not None else self.config.embed_batch
+            for group in _groups(chunks, batch):
                 if budget_s is not None and done and time.perf_counter() - t0 > budget_s:
                     break
                 records, e = self._build_records({rel: changed[rel] for rel in group}, {rel: chunks[rel] for rel in group})
