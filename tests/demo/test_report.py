@@ -1,0 +1,38 @@
+"""The demo's report renders the measured figures it is given (and nothing it is not)."""
+
+import math
+
+from etude.demo.report import write_report
+from etude.demo.run import _wilson
+
+
+def test_wilson_interval():
+    lo, hi = _wilson(5, 10)
+    assert lo < 0.5 < hi and 0.2 < lo and hi < 0.8
+    assert _wilson(0, 0) == (0.0, 1.0)
+    lo, hi = _wilson(10, 10)
+    assert hi == 1.0 and lo > 0.6 and not math.isnan(lo)
+
+
+def test_report_has_tables_plots_and_figures(tmp_path):
+    data = {
+        "intro": "measured",
+        "stages": [("1. tasks", "3 tasks", 0.5), ("5. real-time cycle", "decision: promote", 12.25)],
+        "metrics": [{"step": 1, "reward": 0.1}, {"step": 2, "reward": 0.4}],
+        "evals": [{"step": 0, "success": 0.25, "ci_low": 0.05, "ci_high": 0.6}],
+        "comparison": {"metrics": {"resolved": {"n": 3, "a": 0.0, "b": 0.3333, "delta": 0.3333, "ci_low": 0.0,
+                                                "ci_high": 1.0, "p_value": 0.5, "regression": False, "improvement": True}}},
+        "cycle": {"collect": 3.0, "train": 5.0},
+        "cycle_rows": [["collect", "done", 3.0]],
+        "readout": {"metrics": {"accept_rate": {"control": 0.5, "treatment": 0.75, "delta": 0.5, "ci_low": -0.1,
+                                                "ci_high": 1.1, "p_value": 0.2, "msprt_p": 0.9}},
+                    "users": {"control": 4, "treatment": 4}, "srm_p": 1.0},
+        "decision": "promote — because",
+        "trajectories": [("eval: t1", "[user] fix <it>")],
+    }
+    page = write_report(tmp_path, data).read_text()
+    assert 'id="summary"' in page and "decision: promote" in page and "12.2" in page
+    assert "0.3333" in page and "accept_rate" in page and "0.75" in page
+    assert "&lt;it&gt;" in page  # trajectory text is escaped
+    assert (tmp_path / "plots" / "learning.png").stat().st_size > 1000
+    assert (tmp_path / "plots" / "cycle.png").stat().st_size > 1000
