@@ -318,13 +318,15 @@ _open_lock = threading.Lock()
 MAX_OPEN = 8  # indexes kept in memory per process (least recently used is dropped)
 
 
-def open_index(root: Path | str, *, template: Path | str | None = None, config: SearchConfig | None = None) -> SearchIndex:
+def open_index(root: Path | str, *, template: Path | str | None = None, config: SearchConfig | None = None,
+               budget_s: float | None = None) -> SearchIndex:
     """The index of `root`, kept per process. Call `.refresh()` before searching.
 
     Without a template the index is persisted under cache()/search/. With one (the folder a
     copy-on-write workspace was made from), the template's persisted index is refreshed and
     copied in memory, and only the workspace's differences are computed: nothing is written
-    for the workspace except new vectors in the shared embedding cache."""
+    for the workspace except new vectors in the shared embedding cache. `budget_s` bounds the
+    template's refresh (what it leaves undone, the workspace's own refresh picks up)."""
     config = config or SearchConfig()
     root = _check_dir(root, "workspace")
     tpl = _check_dir(template, "template") if template is not None else None
@@ -334,7 +336,10 @@ def open_index(root: Path | str, *, template: Path | str | None = None, config: 
         if key in _open:
             _open.move_to_end(key)
             return _open[key]
-    idx = _seed_from_template(root, tpl, embedder, config) if tpl is not None else _persisted(root, embedder, config)
+    if tpl is not None:
+        idx = _seed_from_template(root, tpl, embedder, config, budget_s)
+    else:
+        idx = _persisted(root, embedder, config)
     with _open_lock:
         _open[key] = idx
         while len(_open) > MAX_OPEN:
@@ -367,9 +372,10 @@ def _persisted(root: Path, embedder: Embedder, config: SearchConfig) -> SearchIn
     return SearchIndex(root, embedder, config, db=db, cache=_shared_cache(), files=files)
 
 
-def _seed_from_template(root: Path, tpl: Path, embedder: Embedder, config: SearchConfig) -> SearchIndex:
+def _seed_from_template(root: Path, tpl: Path, embedder: Embedder, config: SearchConfig,
+                        budget_s: float | None) -> SearchIndex:
     base = open_index(tpl, config=config)
-    base.refresh()
+    base.refresh(budget_s=budget_s)
     with base.lock:
         files = dict(base.files)
     return SearchIndex(root, embedder, config, db=None, cache=base.cache, files=files)

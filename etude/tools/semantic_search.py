@@ -16,6 +16,7 @@ continue. Index templates ahead of time (`etude.search.open_index(dir).refresh()
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,11 @@ class SemanticSearch(BaseTool):
         cfg = extra.get("search_config")
         try:
             cfg = cfg if isinstance(cfg, SearchConfig) else SearchConfig()
-            idx = open_index(Path(ctx.workspace), template=extra.get("template"), config=cfg)
-            stats = idx.refresh(budget_s=cfg.tool_budget_s)
+            t0 = time.perf_counter()
+            idx = open_index(Path(ctx.workspace), template=extra.get("template"), config=cfg,
+                             budget_s=cfg.tool_budget_s)
+            left = max(cfg.tool_budget_s - (time.perf_counter() - t0), 0.0)
+            stats = idx.refresh(budget_s=left)  # at least one batch is always done: progress is certain
             hits = idx.search(query, k)
         except EtudeError as e:
             raise ToolError(str(e), kind="bad_workspace" if "directory" in str(e) else "search_error") from None

@@ -150,3 +150,25 @@ def test_parallel_calls_from_threads(tmp_path, repo, recorder):
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(call, range(4)))
     assert [r.meta["results"][0]["symbol"] for r in results] == [f"only_in_ws_{i}" for i in range(4)]
+
+
+def test_unindexed_template_does_not_block_the_first_call(tmp_path, make_repo, recorder):
+    """Regression: a workspace of a never-indexed template refreshed the template without a budget."""
+    import shutil
+    import time as _time
+
+    inner = recorder.embed
+
+    def slow(texts, *, query=False):
+        if not query:
+            _time.sleep(0.2)
+        return inner(texts, query=query)
+
+    recorder.embed = slow
+    tpl = make_repo(tmp_path / "tpl", {f"m{i}.py": f"def fn_{i}():\n    return {i}\n" for i in range(200)})
+    ws = tmp_path / "ws"
+    shutil.copytree(tpl, ws)
+    cfg = SearchConfig(embedder="recording", tool_budget_s=0.1)
+    res = TOOL.run({"query": "fn_1"}, ToolContext(workspace=ws, extra={"search_config": cfg, "template": str(tpl)}))
+    assert res.ok and res.meta["index"]["files_pending"] > 0
+    assert len(recorder.calls) <= 3  # about one batch for the template, one for the workspace
