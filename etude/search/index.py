@@ -15,9 +15,10 @@ index: at 10^4-10^5 chunks one matrix-vector product is a few milliseconds, meas
 bench/semantic.py) fused with BM25, plus a pin for chunks whose symbol is named in the query.
 
 Not guaranteed: an edit that keeps a file's size and mtime (to the nanosecond) is missed until
-the file changes again. Files larger than `max_file_bytes`, binary files, hidden folders and the
-usual build/cache folders are not indexed. Each in-memory index holds its own stacked matrix
-(4 * dim bytes per chunk), even when it was seeded from a template.
+the file changes again. Not indexed: files larger than `max_file_bytes`, binary files, hidden
+folders, __pycache__, node_modules, site-packages, *.egg-info and virtual environments (a
+folder holding pyvenv.cfg); .gitignore is not read. Each in-memory index holds its own stacked
+matrix (4 * dim bytes per chunk), even when it was seeded from a template.
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ from etude.search.rank import Hit, RankConfig, rank
 from etude.search.store import SCHEMA_VERSION, EmbeddingCache, FileRecord, IndexDB, text_key
 from etude.search.view import View, update
 
-SKIP_DIRS = frozenset({"__pycache__", "node_modules", "venv", "env", "site-packages", "build", "dist", "target"})
+# NOTE: only names that are never source. "env", "build", "dist", "target" are real package names
+# (ansible-test has commands/env/ and _util/target/); a virtual environment is recognised by its
+# pyvenv.cfg instead, whatever it is called.
+SKIP_DIRS = frozenset({"__pycache__", "node_modules", "site-packages"})
 TEXT_SUFFIXES = frozenset(
     ".py .pyi .pyx .md .rst .txt .toml .cfg .ini .yaml .yml .json .js .ts .tsx .jsx .c .h .cc .cpp .hpp .rs "
     ".go .java .kt .rb .sh .bash .sql .html .css .j2 .jinja .proto".split()
@@ -279,7 +283,8 @@ def scan(root: Path, max_file_bytes: int, suffixes: tuple[str, ...] | None = Non
             name = e.name
             rel = f"{rel_dir}/{name}" if rel_dir else name
             if e.is_dir(follow_symlinks=False):
-                if name[0] != "." and name not in SKIP_DIRS and not name.endswith(".egg-info"):
+                if name[0] != "." and name not in SKIP_DIRS and not name.endswith(".egg-info") \
+                        and not os.path.exists(os.path.join(e.path, "pyvenv.cfg")):
                     stack.append(rel)
             elif os.path.splitext(name)[1].lower() in wanted and e.is_file(follow_symlinks=False):
                 st = e.stat(follow_symlinks=False)

@@ -130,9 +130,14 @@ def test_skips_hidden_build_binary_and_huge_files(repo, recorder):
     (repo / "node_modules" / "x.js").write_text("function x() {}\n")
     (repo / "blob.py").write_bytes(b"\0\1\2def binary(): pass\n")
     (repo / "big.txt").write_text("x\n" * 600_000)
+    (repo / "myvenv" / "lib").mkdir(parents=True)
+    (repo / "myvenv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (repo / "myvenv" / "lib" / "dep.py").write_text("def dep(): pass\n")
+    (repo / "env").mkdir()  # a real package that happens to be called env
+    (repo / "env" / "settings.py").write_text("def load_settings(): pass\n")
     idx = open_index(repo, config=CFG)
     idx.refresh()
-    assert set(idx.files) == {"pkg/geometry.py", "pkg/text.py", "README.md"}
+    assert set(idx.files) == {"pkg/geometry.py", "pkg/text.py", "README.md", "env/settings.py"}
 
 
 def test_bm25_prefers_the_document_with_rare_matching_terms():
