@@ -64,6 +64,8 @@ COMMAND_OWNERS = {
     "serve": "serve",
     "keys": "serve",
     "registry": "serve",
+    "experiment": "serve",
+    "distill": "serve",
     "ab": "experiments",
     "loop": "loop",
     "demo": "demo",
