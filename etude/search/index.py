@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import threading
 import time
@@ -327,14 +328,15 @@ def open_index(root: Path | str, *, template: Path | str | None = None, config: 
                budget_s: float | None = None) -> SearchIndex:
     """The index of `root`, kept per process. Call `.refresh()` before searching.
 
-    Without a template the index is persisted under cache()/search/. With one (the folder a
+    Without a template (given, or seen by `detect_template`) the index is persisted under
+    cache()/search/. With one (the folder a
     copy-on-write workspace was made from), the template's persisted index is refreshed and
     copied in memory, and only the workspace's differences are computed: nothing is written
     for the workspace except new vectors in the shared embedding cache. `budget_s` bounds the
     template's refresh (what it leaves undone, the workspace's own refresh picks up)."""
     config = config or SearchConfig()
     root = _check_dir(root, "workspace")
-    tpl = _check_dir(template, "template") if template is not None else None
+    tpl = _check_dir(template, "template") if template is not None else detect_template(root)
     embedder = get_embedder(config.embedder)
     key = (str(root), str(tpl), embedder.id, config)
     with _open_lock:
@@ -350,6 +352,48 @@ def open_index(root: Path | str, *, template: Path | str | None = None, config: 
         while len(_open) > MAX_OPEN:
             _open.popitem(last=False)
     return idx
+
+
+def detect_template(root: Path) -> Path | None:
+    """The folder a copy-on-write workspace at `root` was made from, when that can be seen: the
+    single lower layer of an overlay mounted at `root`, or the main checkout of a git worktree.
+    So an episode's workspace reuses its template's index even when nobody says which it is."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split(" - ")
+                parts = fields[0].split()
+                if len(fields) == 2 and len(parts) > 4 and _unescape(parts[4]) == str(root):
+                    lower = _overlay_lower(fields[1])
+                    if lower is not None:
+                        return lower
+    except OSError:
+        pass
+    git = root / ".git"
+    if git.is_file():  # a worktree: "gitdir: /template/.git/worktrees/NAME"
+        text = git.read_text(errors="replace").strip()
+        gitdir = Path(text.removeprefix("gitdir:").strip())
+        if gitdir.parent.name == "worktrees" and gitdir.parent.parent.name == ".git":
+            main = gitdir.parent.parent.parent
+            return main.resolve() if main.is_dir() else None
+    return None
+
+
+def _overlay_lower(tail: str) -> Path | None:
+    bits = tail.split()
+    if len(bits) < 3 or bits[0] != "overlay":
+        return None
+    opts = dict(o.split("=", 1) for o in bits[2].split(",") if "=" in o)
+    lower = opts.get("lowerdir", "")
+    if not lower or ":" in lower:  # several layers: no single template to reuse
+        return None
+    path = Path(_unescape(lower))
+    return path if path.is_dir() else None
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes (\\040 ...)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _check_dir(path: Path | str, what: str) -> Path:

@@ -179,3 +179,29 @@ def test_module_cli_indexes_queries_and_refuses_a_missing_dir(repo, tmp_path, ca
     assert capsys.readouterr().out.startswith("pkg/geometry.py:5-7  circle_area")
     assert main(["index", str(tmp_path / "nope"), "--embedder", "hash"]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["overlay", "worktree"])
+def test_sandbox_workspaces_find_their_template_by_themselves(repo, recorder, kind):
+    """An episode's workspace (etude.sandbox.Workspace) reuses the template's index with no hint."""
+    import subprocess
+
+    sandbox = pytest.importorskip("etude.sandbox")
+    if kind == "worktree":
+        git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "init"], check=True)
+    open_index(repo, config=CFG).refresh()
+    n = len(recorder.embedded)
+    try:
+        ws = sandbox.Workspace.create(repo, kind=kind)
+    except Exception as e:  # noqa: BLE001 - overlay needs root and a kernel that allows it
+        pytest.skip(f"no {kind} workspace here: {e}")
+    with ws:
+        assert index_mod.detect_template(ws.path.resolve()) == repo.resolve()
+        idx = open_index(ws.path, config=CFG)
+        assert idx.db is None  # in memory: nothing persisted for the workspace
+        stats = idx.refresh()
+        assert stats.files_changed == 0 and len(recorder.embedded) == n
+    assert index_mod.detect_template(repo) is None
