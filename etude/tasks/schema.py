@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -149,7 +151,7 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> int:
     """Write tasks as JSONL (atomically: a reader never sees half a file). Returns the count."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
+    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}-{threading.get_ident()}")  # writers never share it
     n = 0
     with tmp.open("w", encoding="utf-8") as f:
         for t in tasks:
