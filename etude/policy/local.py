@@ -13,6 +13,8 @@ Guarantees:
 - no hidden sampling knobs: top-k and repetition penalties of the model's generation config
   are switched off, so the behaviour distribution is exactly temperature + top-p;
 - `load_weights` swaps weights under a lock between generations and bumps `version`.
+- MoE models (etude.scale.moe): router choices are recorded during sampling and returned as
+  `RoutedGeneration.routes`, so the learner can replay them (dense models: plain Generation).
 
 Not guaranteed: bit-identical log-probs to a fresh full forward pass (KV cache and padding
 change float rounding by ~1e-5); determinism across devices. `temperature == 0` is greedy and
