@@ -6,7 +6,8 @@ Writes bench/results/precision.json with:
   tensors: relative Frobenius error and max element error;
 - tiny-LM training curves in bf16 (reference), emulated FP8 row-wise and emulated MXFP8, and
   the gap of the last-10-step mean loss to bf16;
-- GPU step time and memory: only when CUDA is available (this CPU machine records `skipped`).
+- GPU step time, memory, tokens/s: copied from bench/results/gpu_precision.json when
+  bench/gpu_precision.py has run on a GPU (otherwise `skipped`).
 
     python bench/precision.py [--steps 40]
 """
@@ -49,6 +50,19 @@ def errors(x: torch.Tensor) -> dict[str, dict[str, float]]:
             for k, v in res.items()}
 
 
+def gpu_figures(path: Path) -> dict:
+    """Speed figures from bench/gpu_precision.py's last run on a GPU, when there is one."""
+    if path.is_file():
+        g = json.loads(path.read_text())
+        if g.get("variants") and g["machine"].get("gpu"):
+            rows = [{k: v[k] for k in ("model", "recipe", "backend", "step_s_median", "tokens_per_s", "peak_mem_gib")}
+                    for v in g["variants"]]
+            return {"status": g["status"], "gpu": g["machine"]["gpu"], "variants": rows, "vs_bf16": g.get("vs_bf16")}
+    if torch.cuda.is_available():
+        return {"status": "CUDA present: run bench/gpu_precision.py for step time and memory"}
+    return {"status": "skipped: no GPU figures (bench/gpu_precision.py has not run on a GPU; no device was lent)"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -70,10 +84,7 @@ def main() -> None:
         "wall_s_emulated_cpu": times,
         "note": "FP8/MXFP8 are emulated (fake-quantised linears); CPU wall times measure the emulation, not speed",
     }
-    if torch.cuda.is_available():
-        res["gpu"] = {"status": "CUDA present: run bench/gpu_precision.py for step time and memory"}
-    else:
-        res["gpu"] = {"status": "skipped: no GPU on this machine (no device was lent to this task)"}
+    res["gpu"] = gpu_figures(a.out.parent / "gpu_precision.json")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=2))
     print(json.dumps({k: v for k, v in res.items() if k != "training"} | {"gap_vs_bf16": res["training"]["gap_vs_bf16"]}, indent=2))
