@@ -321,6 +321,7 @@ class _progress:
 
 _open: OrderedDict[tuple, SearchIndex] = OrderedDict()
 _open_lock = threading.Lock()
+_key_locks: dict[tuple, threading.Lock] = {}
 MAX_OPEN = 8  # indexes kept in memory per process (least recently used is dropped)
 
 
@@ -340,18 +341,21 @@ def open_index(root: Path | str, *, template: Path | str | None = None, config: 
     embedder = get_embedder(config.embedder)
     key = (str(root), str(tpl), embedder.id, config)
     with _open_lock:
-        if key in _open:
-            _open.move_to_end(key)
-            return _open[key]
-    if tpl is not None:
-        idx = _seed_from_template(root, tpl, embedder, config, budget_s)
-    else:
-        idx = _persisted(root, embedder, config)
-    with _open_lock:
-        _open[key] = idx
-        while len(_open) > MAX_OPEN:
-            _open.popitem(last=False)
-    return idx
+        key_lock = _key_locks.setdefault(key, threading.Lock())
+    with key_lock:  # two threads opening one root must share one index, not build two
+        with _open_lock:
+            if key in _open:
+                _open.move_to_end(key)
+                return _open[key]
+        if tpl is not None:
+            idx = _seed_from_template(root, tpl, embedder, config, budget_s)
+        else:
+            idx = _persisted(root, embedder, config)
+        with _open_lock:
+            _open[key] = idx
+            while len(_open) > MAX_OPEN:
+                _open.popitem(last=False)
+        return idx
 
 
 def detect_template(root: Path) -> Path | None:
