@@ -187,7 +187,8 @@ def _forced_output(router: Any, out: tuple, forced: torch.Tensor, sess: RoutingS
         vals = vals / vals.sum(dim=-1, keepdim=True)
     vals = torch.where(keep, scores.to(vals.dtype), vals).to(scores.dtype)
     sess.forced_rows += int((~keep).sum())
-    sess.changed_rows += int(((torch.sort(idx, -1).values != torch.sort(free_idx, -1).values).any(-1) & ~keep[:, 0]).sum())
+    differs = (torch.sort(idx, -1).values != torch.sort(free_idx, -1).values).any(-1)
+    sess.changed_rows += int((differs & ~keep[:, 0]).sum())
     return logits, vals, idx
 
 
