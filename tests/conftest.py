@@ -16,3 +16,10 @@ def etude_home(tmp_path, monkeypatch):
     home = tmp_path / "etude-home"
     monkeypatch.setenv("ETUDE_HOME", str(home))
     return home
+
+# Test folders are packages (tests/<component>/__init__.py) so equal basenames in two folders
+# do not clash. tests/rewards keeps a helper module its tests import by plain name.
+import sys as _sys  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
+
+_sys.path.insert(0, str(_Path(__file__).parent / "rewards"))
