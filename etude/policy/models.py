@@ -124,7 +124,7 @@ def ensure_tiny(seed: int = 0) -> Path:
     if _is_model_dir(dest):
         return dest
     import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     tok = smollm2_tokenizer()
     cfg = tiny_config(len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
