@@ -34,18 +34,18 @@ class DemoConfig:
     """base model: "smollm2" (default), "tiny" (random; --quick) or a model directory."""
     out: str = "runs/demo"
     """everything this run writes: evals, checkpoints, the loop's database, the report."""
-    eval_tasks: int = 3
+    eval_tasks: int = 2
     """held-out repository tasks for the baseline and trained evaluations."""
-    eval_steps: int = 4
-    """harness turns per evaluation episode."""
+    eval_steps: int = 3
+    """harness turns per evaluation episode (each turn re-reads a ~1.5k-token prompt on CPU)."""
     eval_max_tokens: int = 96
     train_env: str = "pyfunc"
     """sandbox-RL family: "pyfunc" (write a function; hidden tests run in bwrap) or "tasks"
     (multi-turn repository tasks through the harness)."""
-    train_steps: int = 6
+    train_steps: int = 4
     prompts_per_step: int = 4
     group_size: int = 4
-    train_max_tokens: int = 96
+    train_max_tokens: int = 80
     lr: float = 1e-5
     loop_config: str = "configs/loop_demo.toml"
     """the real-time cycle's config; model and root are set by the demo."""
