@@ -44,7 +44,7 @@ def run_episode(
     template, venv = prepare_repo(task), task_env(task)
     with Workspace.create(template) as ws:
         sandbox = make_sandbox(ws.path, sandbox_config(task, venv, timeout_s=min(task.timeout_s, 120.0)))
-        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"task_id": task.instance_id})
+        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"task_id": task.instance_id, "template": ws.template})
         traj = run_agent(policy, _request(task), ctx, cfg, task_id=task.instance_id,
                          trajectory_path=trajectory_path, diff_fn=ws.diff)  # fmt: skip
         diff = traj.diff or ws.diff()

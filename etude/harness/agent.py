@@ -59,7 +59,7 @@ def run_on_repo(
     path = trajectory_path or default_trajectory_path()
     with Workspace.create(repo) as ws:
         sandbox = make_sandbox(ws.path, sandbox_config(sandbox_backend))
-        ctx = ToolContext(workspace=ws.path, sandbox=sandbox)
+        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"template": ws.template})
         traj = run_agent(policy, request, ctx, config, trajectory_path=path, diff_fn=ws.diff, on_turn=on_turn,
                          meta={"repo": str(repo), **(meta or {})})
     applied = False
