@@ -19,6 +19,7 @@ from etude.errors import EtudeError
 COMPONENTS = (
     "sandbox",
     "tools",
+    "search",
     "harness",
     "tasks",
     "envs",
@@ -54,6 +55,7 @@ def version() -> None:
 COMMAND_OWNERS = {
     "sandbox": "sandbox",
     "tool": "tools",
+    "search": "search",
     "parse": "harness",
     "agent": "harness",
     "agent-feedback": "harness",
