@@ -8,7 +8,6 @@ never silently runs a cycle with a default.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,14 +210,9 @@ class LoopConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> LoopConfig:
-        p = Path(path)
-        try:
-            data = tomllib.loads(p.read_text())
-        except OSError as e:
-            raise EtudeError(f"cannot read loop config {p}: {e.strerror or e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise EtudeError(f"{p}: invalid TOML: {e}") from None
-        return cls.from_dict(data)
+        from etude.configfile import read_toml
+
+        return cls.from_dict(read_toml(path, "loop config"))
 
 
 def _section(typ: Any, d: Any, where: str) -> Any:

@@ -7,7 +7,6 @@ are an `EtudeError`, so a typo in a config never silently falls back to a defaul
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -105,10 +104,9 @@ class RewardConfig:
     @classmethod
     def from_toml(cls, path: str | Path, table: str = "rewards") -> RewardConfig:
         """From a TOML file: its `[rewards]` table if present, else the top level."""
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise EtudeError(f"cannot read reward config {path}: {e}") from None
+        from etude.configfile import read_toml
+
+        data = read_toml(path, "reward config")
         return cls.from_dict(data[table] if isinstance(data.get(table), dict) else data)
 
     def to_dict(self) -> dict[str, Any]:

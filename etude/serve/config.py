@@ -6,7 +6,6 @@ Unknown keys are an error, so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,10 +69,9 @@ class ServeConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> ServeConfig:
-        try:
-            data = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise EtudeError(f"cannot read serve config {path}: {e}") from None
+        from etude.configfile import read_toml
+
+        data = read_toml(path, "serve config")
         return cls.from_dict(data["serve"] if isinstance(data.get("serve"), dict) else data)
 
     def checkpoint_name(self) -> str:

@@ -7,7 +7,6 @@ tables. Unknown keys are an error (a typo must not silently train with a default
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,10 +165,9 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Tr
     p = Path(path)
     if not p.is_file():
         raise EtudeError(f"no config file at {p}")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise EtudeError(f"{p}: invalid TOML: {e}") from e
+    from etude.configfile import read_toml
+
+    data = read_toml(p, "train config")
     for key, val in (overrides or {}).items():
         node = data
         *parents, last = key.split(".")
