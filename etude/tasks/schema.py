@@ -104,10 +104,11 @@ def _rows_parquet(path: Path) -> Iterable[tuple[int, Any, str | None]]:
         import pandas as pd
 
         frame = pd.read_parquet(path)
-    except ImportError as e:
-        raise EtudeError(f"reading parquet needs pyarrow (pip install pyarrow): {e}") from None
+    except ImportError:
+        raise EtudeError(f"{path}: cannot read parquet: it needs pandas and pyarrow (pip install pyarrow)") from None
     except Exception as e:  # a corrupt file: the whole file is unreadable, say so in one line
-        raise EtudeError(f"{path}: cannot read parquet: {e}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise EtudeError(f"{path}: cannot read parquet: {first}") from None
     for i, row in enumerate(frame.to_dict(orient="records"), 1):
         yield i, row, None
 
