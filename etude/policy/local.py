@@ -133,18 +133,18 @@ class LocalPolicy:
         if n < 1 or max_tokens < 1:
             raise EtudeError("n and max_tokens must be at least 1")
         top_p = self.top_p if top_p is None else top_p
-        expanded = [list(p) for p in prompts for _ in range(n)]
         limit = self.context_length()
-        fits = [i for i, p in enumerate(expanded) if len(p) < limit]
-        out: list[Generation] = [self._overflow(p) for p in expanded]  # replaced below where the prompt fits
+        fits = [i for i, p in enumerate(prompts) if len(p) < limit]
+        out: list[Generation] = [self._overflow(list(p)) for p in prompts for _ in range(n)]  # replaced where it fits
         if fits:
-            max_new = max(1, min(max_tokens, limit - max(len(expanded[i]) for i in fits)))
+            max_new = max(1, min(max_tokens, limit - max(len(prompts[i]) for i in fits)))
             t0 = time.perf_counter()
             with self._lock:
-                rows = self._sample([expanded[i] for i in fits], max_new, temperature, top_p, seed)
+                rows = self._sample([list(prompts[i]) for i in fits], n, max_new, temperature, top_p, seed)
             latency = time.perf_counter() - t0
-            for i, (ids, lps, finish, routes) in zip(fits, rows, strict=True):
-                out[i] = self._generation(expanded[i], ids, lps, finish, latency, routes)
+            for j, (ids, lps, finish, routes) in enumerate(rows):
+                i = fits[j // n]
+                out[i * n + j % n] = self._generation(list(prompts[i]), ids, lps, finish, latency, routes)
         return out
 
     def _overflow(self, prompt: list[int]) -> Generation:
@@ -165,8 +165,10 @@ class LocalPolicy:
             return RoutedGeneration(**kw, routes=routes)
         return Generation(**kw)
 
-    def _sample(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
+    def _sample(self, prompts: list[list[int]], n: int, max_new: int, temperature: float, top_p: float,
                 seed: int | None) -> list[tuple[list[int], list[float], str, Any]]:
+        """`n` samples of each prompt, prompt-major. With n > 1 each prompt is prefilled once and
+        its KV cache repeated n times (what a GRPO group costs: one prefill, not n)."""
         import torch
         from transformers import GenerationConfig
 
@@ -179,6 +181,14 @@ class LocalPolicy:
         for r, p in enumerate(prompts):
             input_ids[r, width - len(p):] = torch.tensor(p)
             attn[r, width - len(p):] = 1
+        moe = is_moe(self.model)  # MoE: record router choices for replay in training (etude.scale.moe)
+        cache = None
+        if n > 1 and width > 1 and not moe:
+            cache = self._prefill(input_ids[:, :-1], attn[:, :-1])
+            cache.batch_repeat_interleave(n)
+        if n > 1:
+            input_ids, attn = input_ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+            prompts = [p for p in prompts for _ in range(n)]
         greedy = temperature <= 0
         gc = GenerationConfig(
             max_new_tokens=max_new, do_sample=not greedy, temperature=None if greedy else temperature,
@@ -186,13 +196,12 @@ class LocalPolicy:
             eos_token_id=self.stop_token_ids, pad_token_id=pad, output_scores=True,
             return_dict_in_generate=True, use_cache=True,
         )
-        moe = is_moe(self.model)  # MoE: record router choices for replay in training (etude.scale.moe)
         with torch.inference_mode(), torch.random.fork_rng(devices=[]), \
                 (record_routing(self.model) if moe else contextlib.nullcontext()) as rec:
             if seed is not None:
                 torch.manual_seed(seed)
             res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gc)
+                                      generation_config=gc, **({"cache": cache} if cache else {}))
         new = res.sequences[:, width:]
         # scores[t] are the processed logits (after temperature / top-p) the token at t was drawn
         # from. I reduce them step by step: stacking [batch, steps, vocab] would cost gigabytes.
@@ -201,6 +210,18 @@ class LocalPolicy:
         rows = [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
         routes = routes_for_rows(rec, width, [len(p) for p in prompts], [len(r[0]) for r in rows]) if moe else None
         return [(*row, routes[r] if routes else None) for r, row in enumerate(rows)]
+
+    def _prefill(self, input_ids: Any, attn: Any) -> Any:
+        """The KV cache of left-padded prompts (all but their last token, which `generate` feeds)."""
+        import torch
+        from transformers import DynamicCache
+
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        with torch.inference_mode():
+            self.model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+                       position_ids=pos.to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+        return cache
 
     def _cut(self, ids: Any, lps: Any) -> tuple[list[int], list[float], str]:
         stops = set(self.stop_token_ids)

@@ -86,6 +86,10 @@ class TrainConfig:
     """Gradient clipping by global norm."""
     micro_batch_tokens: int = 2048
     """Packed tokens per micro-batch (gradient accumulation splits the batch into these)."""
+    share_prefix: bool = True
+    """Samples of one prompt (a GRPO group) share one copy of it in the packed training forward
+    (a tree mask: each completion sees the prompt and itself), and one prompt prefill at sampling.
+    Same log-probs up to float rounding; False lays out every sample in full."""
     ppo_epochs: int = 1
     """Passes over each batch; > 1 makes the PPO clip matter."""
     advantage: str = "grpo"

@@ -41,42 +41,104 @@ class Sample:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
-def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
-    """Indices of samples grouped into rows of ≤ `budget` tokens (first-fit decreasing)."""
-    order = sorted(range(len(samples)), key=lambda i: -samples[i].length)
+def pack(samples: Sequence[Sample], budget: int, *, share_prefix: bool = False) -> list[list[int]]:
+    """Indices of samples grouped into rows of ≤ `budget` tokens (first-fit decreasing).
+
+    share_prefix: samples with the same prompt (a GRPO group) form one unit that costs its prompt
+    once plus every completion (what `packed_logprobs` lays out); a unit over budget is split
+    into chunks that each repeat the prompt."""
+    units: list[tuple[int, list[int]]] = []  # (cost, sample indices)
+    if share_prefix:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, s in enumerate(samples):
+            groups.setdefault(tuple(s.prompt_ids), []).append(i)
+        for prompt, members in groups.items():
+            chunk, cost = [], len(prompt)
+            for i in members:
+                c = len(samples[i].completion_ids)
+                if chunk and cost + c > budget:
+                    units.append((cost, chunk))
+                    chunk, cost = [], len(prompt)
+                chunk.append(i)
+                cost += c
+            units.append((cost, chunk))
+    else:
+        units = [(s.length, [i]) for i, s in enumerate(samples)]
+    units.sort(key=lambda u: -u[0])
     rows: list[list[int]] = []
     room: list[int] = []
-    for i in order:
-        n = samples[i].length
+    for n, members in units:
         for r, free in enumerate(room):
             if n <= free:
-                rows[r].append(i)
+                rows[r].extend(members)
                 room[r] -= n
                 break
         else:
-            rows.append([i])
+            rows.append(list(members))
             room.append(budget - n)
     return rows
 
 
-def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
-                    moe_stats: dict[str, list[float]] | None = None) -> list[torch.Tensor]:
-    """Log-probs of each sample's completion tokens at `temperature`, from one packed forward.
-    For an MoE model the sampling-time routes are replayed (etude.scale.moe) and the router's
-    load-balancing loss is appended to `moe_stats`."""
-    dev = next(model.parameters()).device
-    ids, pos, seg, keep, targets = [], [], [], [], []
-    for s_i, s in enumerate(samples):
-        start, p = len(ids), len(s.prompt_ids)
-        seq = s.prompt_ids + s.completion_ids
-        ids += seq
-        pos += list(range(len(seq)))
-        seg += [s_i] * len(seq)
-        keep += range(start + p - 1, start + len(seq) - 1)  # positions that predict completion tokens
+def _layout(samples: Sequence[Sample], share_prefix: bool) -> tuple[list[int], list[int], list[int], list[int],
+                                                                     list[int], list[int]]:
+    """One packed row: token ids, position ids, group and branch ids per token (branch -1 for a
+    shared prompt), the positions whose logits predict completion tokens, and those targets.
+
+    Without sharing every sample is its own group (prompt + completion, block-diagonal). With
+    sharing, samples of one prompt become a tree: the prompt once, then each completion as a
+    branch that sees the prompt and its own earlier tokens only, with positions continuing from
+    the prompt, so every completion token is predicted from exactly the context it was sampled in.
+    """
+    ids, pos, grp, br, keep = [], [], [], [], []
+    targets: list[int] = []
+    order: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        order.setdefault(tuple(s.prompt_ids) if share_prefix else (i,), []).append(i)
+    where: dict[int, list[int]] = {}
+    for g, members in enumerate(order.values()):
+        prompt = samples[members[0]].prompt_ids
+        if share_prefix:
+            p0 = len(ids)
+            ids += prompt
+            pos += list(range(len(prompt)))
+            grp += [g] * len(prompt)
+            br += [-1] * len(prompt)
+        for i in members:
+            s = samples[i]
+            if not share_prefix:
+                p0 = len(ids)
+                ids += s.prompt_ids
+                pos += list(range(len(s.prompt_ids)))
+                grp += [g] * len(s.prompt_ids)
+                br += [-1] * len(s.prompt_ids)
+            c0, P = len(ids), len(s.prompt_ids)
+            ids += s.completion_ids
+            pos += list(range(P, P + len(s.completion_ids)))
+            grp += [g] * len(s.completion_ids)
+            br += [i] * len(s.completion_ids)
+            where[i] = [p0 + P - 1] + list(range(c0, c0 + len(s.completion_ids) - 1))
+    for i, s in enumerate(samples):  # predictions in sample order, so the split below lines up
+        keep += where[i]
         targets += s.completion_ids
+    return ids, pos, grp, br, keep, targets
+
+
+def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
+                    moe_stats: dict[str, list[float]] | None = None, *, share_prefix: bool = False) -> list[torch.Tensor]:
+    """Log-probs of each sample's completion tokens at `temperature`, from one packed forward.
+    share_prefix: samples with identical prompts share one copy of it (see `_layout`); same
+    log-probs up to float rounding, fewer tokens. For an MoE model the sampling-time routes are
+    replayed (etude.scale.moe), which needs the unshared layout, and the router's load-balancing
+    loss is appended to `moe_stats`."""
+    from etude.scale.moe import is_moe
+
+    dev = next(model.parameters()).device
+    share_prefix = share_prefix and not is_moe(model)
+    ids, pos, grp, br, keep, targets = _layout(samples, share_prefix)
     L = len(ids)
-    seg_t = torch.tensor(seg, device=dev)
-    mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (seg_t[:, None] == seg_t[None, :])
+    grp_t, br_t = torch.tensor(grp, device=dev), torch.tensor(br, device=dev)
+    mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (grp_t[:, None] == grp_t[None, :])
+            & ((br_t[None, :] == -1) | (br_t[:, None] == br_t[None, :])))
     # NOTE: logits_to_keep with index tensor: the vocabulary projection (most of a small model's
     # cost) runs only on the positions whose next token is a completion token.
     with _routing(model, samples, moe_stats):
@@ -131,11 +193,16 @@ class Learner:
             model, tokenizer = build_model(cfg)
         self.model, self.tokenizer = model, tokenizer
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere
+        fused = bool(self.params) and self.params[0].device.type in ("cpu", "cuda")
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
         self.ref = None
         if cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)  # LoRA uses disable_adapter()
         self.updates = 0
+        from etude.scale.moe import is_moe  # MoE route replay needs every sample laid out in full
+
+        self.share = bool(getattr(cfg, "share_prefix", True)) and not is_moe(model)
 
     @property
     def device(self) -> torch.device:
@@ -151,21 +218,22 @@ class Learner:
             return None
         with torch.no_grad():
             if self.ref is not None:
-                return [packed_logprobs(self.ref, r, self.cfg.temperature) for r in rows]
+                return [packed_logprobs(self.ref, r, self.cfg.temperature, share_prefix=self.share) for r in rows]
             with self.model.disable_adapter():
-                return [packed_logprobs(self.model, r, self.cfg.temperature) for r in rows]
+                return [packed_logprobs(self.model, r, self.cfg.temperature, share_prefix=self.share) for r in rows]
 
     def step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step per PPO epoch over the whole batch; returns step statistics."""
         t0 = time.perf_counter()
         samples = [s for s in samples if s.completion_ids]
-        rows = [[samples[i] for i in row] for row in pack(samples, self.cfg.micro_batch_tokens)]
+        rows = [[samples[i] for i in row] for row in pack(samples, self.cfg.micro_batch_tokens,
+                                                           share_prefix=self.share)]
         self.model.train()
         ref = self._ref_logprobs(rows)
         prox = None
         if self.cfg.ppo_epochs > 1:
             with torch.no_grad():
-                prox = [packed_logprobs(self.model, r, self.cfg.temperature) for r in rows]
+                prox = [packed_logprobs(self.model, r, self.cfg.temperature, share_prefix=self.share) for r in rows]
         stats: dict[str, float] = {}
         for _ in range(self.cfg.ppo_epochs):
             stats = self._epoch(rows, prox, ref)
@@ -195,7 +263,7 @@ class Learner:
         moe_stats: dict[str, list[float]] = {}
         for r_i, row in enumerate(rows):
             with autocast_for(self.cfg.precision, self.device):
-                logps = packed_logprobs(self.model, row, self.cfg.temperature, moe_stats)
+                logps = packed_logprobs(self.model, row, self.cfg.temperature, moe_stats, share_prefix=self.share)
             loss = torch.zeros((), device=self.device)
             for s_i, (s, lp) in enumerate(zip(row, logps, strict=True)):
                 behav = torch.tensor(s.behav_logprobs, device=lp.device, dtype=lp.dtype)

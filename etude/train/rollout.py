@@ -67,19 +67,20 @@ class LocalExecutor:
     def __init__(self, worker: RolloutWorker):
         self.worker = worker
         self.slots = 1
-        self._done: dict[int, RolloutBatch] = {}
+        self._pending: set[int] = set()
 
     def submit(self, batch_id: int, version: int) -> None:
-        self._done[batch_id] = self.worker.run(batch_id)
+        self._pending.add(batch_id)  # run when taken, so a step's time holds its own rollout
 
     def take(self, batch_id: int) -> RolloutBatch:
-        return self._done.pop(batch_id)
+        self._pending.remove(batch_id)
+        return self.worker.run(batch_id)
 
     def publish(self, version: int, learner: Any) -> None:
         self.worker.policy.version = version  # same model object: nothing to copy
 
     def close(self) -> None:
-        self._done.clear()
+        self._pending.clear()
 
 
 class _RayWorkerImpl:

@@ -118,3 +118,16 @@ def test_vllm_backend_imports_without_vllm_and_fails_clearly():
         pytest.skip("vllm is installed here")
     with pytest.raises(EtudeError, match="vllm"):
         vllm_backend.VLLMPolicy("/nonexistent")
+
+
+def test_a_group_prefilled_once_samples_what_separate_prompts_would():
+    """n > 1 prefills each prompt once and repeats its KV cache: same tokens and log-probs as
+    sampling n copies of the prompt one by one (same seed)."""
+    pol = LocalPolicy.from_pretrained("tiny")
+    prompts = [[1, 520, 33, 2, 900], [1, 77, 12]]
+    grouped = pol.generate_ids(prompts, n=3, max_tokens=6, temperature=1.0, seed=7)
+    copies = pol.generate_ids([p for p in prompts for _ in range(3)], n=1, max_tokens=6, temperature=1.0, seed=7)
+    assert [g.prompt_token_ids for g in grouped] == [tuple(p) for p in prompts for _ in range(3)]
+    for a, b in zip(grouped, copies, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)

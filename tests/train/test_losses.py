@@ -131,3 +131,52 @@ def test_pack_respects_the_budget_and_keeps_every_sample():
     rows = pack(ss, budget=20)
     assert sorted(i for r in rows for i in r) == list(range(12))
     assert all(sum(ss[i].length for i in r) <= 20 or len(r) == 1 for r in rows)
+
+
+def _grouped(n_groups: int, group: int, seed: int = 0) -> list[Sample]:
+    """GRPO-shaped samples: `group` completions per prompt, prompts repeated, in batch order."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_groups):
+        p = [rng.randrange(100, 2000) for _ in range(rng.randint(3, 9))]
+        for _ in range(group):
+            c = [rng.randrange(100, 2000) for _ in range(rng.randint(1, 6))]
+            out.append(Sample(list(p), c, [-2.0] * len(c), advantage=rng.uniform(-1, 1)))
+    w = token_weights([len(s.completion_ids) for s in out], "token_mean")
+    for s, wi in zip(out, w, strict=True):
+        s.weight = wi
+    return out
+
+
+def test_a_shared_prompt_changes_no_logprob(tiny_learner):
+    ss = _grouped(3, 4)
+    shared = packed_logprobs(tiny_learner.model, ss, 1.0, share_prefix=True)
+    alone = [packed_logprobs(tiny_learner.model, [s], 1.0)[0] for s in ss]
+    for a, b in zip(alone, shared, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_shared_prompt_gives_the_same_gradient(tiny_learner):
+    ss = _grouped(2, 4, seed=3)
+    tiny_learner.share = True
+    g_shared = _grads(tiny_learner, [ss])
+    tiny_learner.share = False
+    try:
+        g_full = _grads(tiny_learner, [ss])
+    finally:
+        tiny_learner.share = True
+    assert any(g.abs().sum() > 0 for g in g_full)
+    for a, b in zip(g_shared, g_full, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_packing_counts_a_shared_prompt_once():
+    ss = _grouped(2, 4, seed=4)
+    p0 = len(ss[0].prompt_ids)
+    cost0 = p0 + sum(len(s.completion_ids) for s in ss[:4])
+    rows = pack(ss, budget=cost0, share_prefix=True)
+    assert sorted(i for r in rows for i in r) == list(range(8))  # every sample once
+    assert [0, 1, 2, 3] in [sorted(r) for r in rows] or any(set(range(4)) <= set(r) for r in rows)
+    # a group over budget is split into chunks that each repeat the prompt, never lost
+    small = pack(ss, budget=p0 + 6, share_prefix=True)
+    assert sorted(i for r in small for i in r) == list(range(8)) and len(small) > len(rows)
