@@ -5,10 +5,18 @@ group-std reward scaling for both; clip ε = 0.2 / 0.28 for both; no KL).
 
 Each trainer runs in its own subprocess (so peak RSS is its own), one after the other.
 Measured per full step (generate + score + update): samples/s and completion tokens/s (median
-over steps, first step excluded as warm-up), peak RSS, and the training reward at the end
-(mean of the last steps). Writes bench/results/trainer_vs_trl.json.
+over steps, first step excluded as warm-up), peak RSS, and the training reward per step.
 
-    python bench/trainer_vs_trl.py [--model smollm2] [--steps 6] [--prompts 4] [--group 4]
+"The reward after N steps" is measured the same way for both: the trained weights (and the base
+model, once) are scored by one evaluator — etude's LocalPolicy sampling `--eval-samples` answers
+at temperature 1 for each of the `--eval-problems` held-out problems, fixed seed — so the two
+figures differ only by what the training did. The training-reward curves are reported too, but
+the two trainers draw their prompts in different orders, so those are not paired. RL runs this
+short vary a lot from seed to seed, so both trainers run every seed of `--seeds`; the held-out
+rewards are compared across seeds (paired t-test, which carries the run-to-run variance) and
+pooled over answers (Welch, evaluation noise only). Writes bench/results/trainer_vs_trl.json.
+
+    python bench/trainer_vs_trl.py [--model smollm2] [--steps 20] [--prompts 4] [--group 4] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -33,6 +41,30 @@ def _arith(num_train: int):
     return ArithEnv(num_train=num_train, num_test=8, seed=0)
 
 
+def _p(x: float) -> float | None:
+    return None if x != x else float(x)  # NaN (all values equal) is not JSON
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[float]:
+    """Per-answer rewards of `model` on the held-out arith problems (the same evaluator for both)."""
+    import torch
+
+    from etude.policy.local import LocalPolicy
+
+    env = _arith(a.num_train)
+    env.num["test"] = a.eval_problems
+    probs = env.problems("test")
+    pol = LocalPolicy(model, tokenizer, id="eval")
+    model.eval()
+    with torch.inference_mode():
+        eps = env.rollout(pol, probs, n=a.eval_samples, max_tokens=a.max_new_tokens, temperature=1.0, seed=12345)
+    return [e.reward for e in eps]
+
+
 def run_etude(a: argparse.Namespace) -> dict:
     from etude.train import TrainConfig, train
     from etude.train.metrics import read_metrics
@@ -41,14 +73,22 @@ def run_etude(a: argparse.Namespace) -> dict:
         "model": a.model, "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "lr": a.lr, "micro_batch_tokens": 4096,
         "advantage": "grpo", "aggregation": "token_mean", "precision": "fp32", "checkpoint_every": a.steps,
-        "eval_problems": 1, "env": {"name": "arith", "num_train": a.num_train, "num_test": 8},
+        "eval_problems": 1, "env": {"name": "arith", "num_train": a.num_train, "num_test": 8}, "seed": int(a.seeds),
         "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0},
     })
     out = Path(tempfile.mkdtemp(prefix="etude-vs-trl-"))
-    train(cfg, out, resume=False, progress=False)
+    summary = train(cfg, out, resume=False, progress=False)
     recs = [r for r in read_metrics(out) if r["kind"] == "train"]
-    return {"step_s": [r["step_s"] for r in recs], "completion_tokens": [r["gen_tokens"] for r in recs],
-            "reward": [r["reward"] for r in recs], "samples_per_step": a.prompts * a.group}
+    peak = _peak_mb()  # of training, before the evaluation loads more models
+    from etude.policy.models import load_model
+
+    trained, tok = load_model(str(summary["checkpoint"]))
+    out = {"step_s": [r["step_s"] for r in recs], "completion_tokens": [r["gen_tokens"] for r in recs],
+           "reward": [r["reward"] for r in recs], "samples_per_step": a.prompts * a.group,
+           "held_out": held_out(trained, tok, a), "peak_rss_mb": peak}
+    if a.eval_base:
+        out["held_out_base"] = held_out(load_model(a.model)[0], tok, a)
+    return out
 
 
 def run_trl(a: argparse.Namespace) -> dict:
@@ -86,15 +126,17 @@ def run_trl(a: argparse.Namespace) -> dict:
         num_generations=a.group, max_completion_length=a.max_new_tokens, learning_rate=a.lr, temperature=1.0,
         top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
         gradient_accumulation_steps=1, gradient_checkpointing=False, bf16=False, use_cpu=True, logging_steps=1,
-        report_to="none", save_strategy="no", seed=0, lr_scheduler_type="constant", warmup_steps=0,
+        report_to="none", save_strategy="no", seed=int(a.seeds), lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=str(resolve(a.model)), reward_funcs=[reward], args=args, train_dataset=ds,
                           callbacks=[Timer()])
     trainer.train()
+    peak = _peak_mb()
     lens = [lg.get("completions/mean_length", 0.0) * a.prompts * a.group for lg in records]
     return {"step_s": times, "completion_tokens": lens, "reward": [lg["reward"] for lg in records],
-            "samples_per_step": a.prompts * a.group}
+            "samples_per_step": a.prompts * a.group, "held_out": held_out(trainer.model, trainer.processing_class, a),
+            "peak_rss_mb": peak}
 
 
 def summarise(raw: dict, last_k: int) -> dict:
@@ -106,24 +148,29 @@ def summarise(raw: dict, last_k: int) -> dict:
     return {"median_step_s": statistics.median(s for s, _ in steps), "samples_per_s": statistics.median(sps),
             "completion_tokens_per_s": statistics.median(tps), "reward_first": rew[0] if rew else None,
             f"reward_last{last_k}_mean": statistics.mean(rew[-last_k:]) if rew else None,
+            "train_reward_mean": statistics.mean(rew) if rew else None,
+            "held_out_reward": statistics.mean(raw["held_out"]), "held_out_n": len(raw["held_out"]),
             "peak_rss_mb": raw["peak_rss_mb"], "steps": len(raw["step_s"]), "raw": raw}
 
 
 def child(a: argparse.Namespace) -> None:
     raw = run_etude(a) if a.worker == "etude" else run_trl(a)
-    raw["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     Path(a.json).write_text(json.dumps(raw))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--num-train", type=int, default=256)
+    ap.add_argument("--eval-problems", type=int, default=64)
+    ap.add_argument("--eval-samples", type=int, default=4)
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds; both trainers run each")
+    ap.add_argument("--eval-base", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["etude", "trl"])
     ap.add_argument("--json")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trainer_vs_trl.json")
@@ -134,30 +181,64 @@ def main() -> None:
     import transformers
     import trl
 
+    seeds = [int(x) for x in a.seeds.split(",")]
     res: dict = {"bench": "trainer_vs_trl", "machine": platform.platform(), "torch": torch.__version__,
                  "transformers": transformers.__version__, "trl_version": trl.__version__,
-                 "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr")},
-                 "note": "CPU only, shared 2-core machine; medians over steps 2..N; same arith prompts and reward"}
-    for name in ("etude", "trl"):
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            path = f.name
-        argv = [sys.executable, __file__, "--worker", name, "--json", path] + [
-            x for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train")
-            for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
-        t0 = time.time()
-        subprocess.run(argv, check=True)
-        res[name] = summarise(json.loads(Path(path).read_text()), last_k=min(3, a.steps))
-        res[name]["wall_s"] = time.time() - t0
-    e, t = res["etude"], res["trl"]
-    res["throughput_ratio_samples_per_s"] = e["samples_per_s"] / t["samples_per_s"]
-    res["throughput_ratio_tokens_per_s"] = e["completion_tokens_per_s"] / max(t["completion_tokens_per_s"], 1e-9)
-    res["peak_rss_ratio"] = e["peak_rss_mb"] / t["peak_rss_mb"]
+                 "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
+                                                         "eval_problems", "eval_samples")} | {"seeds": seeds},
+                 "note": "CPU only, 2 cores; per seed: medians over steps 2..N; same arith prompts and reward; "
+                         "held-out reward of the final weights by one evaluator for both", "runs": []}
+    for seed in seeds:
+        run: dict = {"seed": seed}
+        for name in ("etude", "trl"):
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                path = f.name
+            argv = [sys.executable, __file__, "--worker", name, "--json", path, "--seeds", str(seed)] + [
+                x for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train", "eval_problems",
+                            "eval_samples")
+                for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
+            if name == "etude" and seed == seeds[0]:
+                argv.append("--eval-base")
+            t0 = time.time()
+            subprocess.run(argv, check=True)
+            run[name] = summarise(json.loads(Path(path).read_text()), last_k=min(3, a.steps))
+            run[name]["wall_s"] = time.time() - t0
+        e, t = run["etude"], run["trl"]
+        run["throughput_ratio_samples_per_s"] = e["samples_per_s"] / t["samples_per_s"]
+        run["throughput_ratio_tokens_per_s"] = e["completion_tokens_per_s"] / max(t["completion_tokens_per_s"], 1e-9)
+        run["peak_rss_ratio"] = e["peak_rss_mb"] / t["peak_rss_mb"]
+        res["runs"].append(run)
+        print(f"seed {seed}: ratio {run['throughput_ratio_samples_per_s']:.2f}x, held-out etude "
+              f"{e['held_out_reward']:.3f} trl {t['held_out_reward']:.3f}", flush=True)
+    from scipy import stats
+
+    runs = res["runs"]
+    for k in ("throughput_ratio_samples_per_s", "throughput_ratio_tokens_per_s", "peak_rss_ratio"):
+        res[k] = statistics.median(r[k] for r in runs)
+    ours = [r["etude"]["held_out_reward"] for r in runs]
+    theirs = [r["trl"]["held_out_reward"] for r in runs]
+    pooled_o = [x for r in runs for x in r["etude"]["raw"]["held_out"]]
+    pooled_t = [x for r in runs for x in r["trl"]["raw"]["held_out"]]
+    base = runs[0]["etude"]["raw"].get("held_out_base") or []
+    h = res["held_out"] = {
+        "problems": a.eval_problems, "samples_each": a.eval_samples, "temperature": 1.0,
+        "base": statistics.mean(base) if base else None, "etude_per_seed": ours, "trl_per_seed": theirs,
+        "etude": statistics.mean(ours), "trl": statistics.mean(theirs),
+        "etude_minus_trl": statistics.mean(ours) - statistics.mean(theirs),
+        # across seeds (includes run-to-run variance; few seeds, little power) and pooled over
+        # answers (evaluation noise only: it ignores that training runs vary)
+        "paired_t_p": _p(stats.ttest_rel(ours, theirs).pvalue) if len(runs) > 1 else None,
+        "pooled_welch_p": _p(stats.ttest_ind(pooled_o, pooled_t, equal_var=False).pvalue),
+    }
+    p_runs = h["paired_t_p"] if h["paired_t_p"] is not None else h["pooled_welch_p"]
+    p_runs = 1.0 if p_runs is None else p_runs  # identical samples: no difference to test
+    # "equal or better": ours is higher, or lower by an amount these runs cannot tell from 0
+    h["equal_or_better"] = h["etude"] >= h["trl"] or p_runs > 0.05
     res["target_1_5x_met"] = res["throughput_ratio_samples_per_s"] >= 1.5
+    res["target_met"] = res["target_1_5x_met"] and h["equal_or_better"]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: v for k, v in res.items() if k not in ("etude", "trl")}, indent=1))
-    for n in ("etude", "trl"):
-        print(n, {k: v for k, v in res[n].items() if k != "raw"})
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
 
 
 if __name__ == "__main__":
