@@ -42,8 +42,10 @@ def run_episode(
 
     cfg = harness_config or HarnessConfig()
     template, venv = prepare_repo(task), task_env(task)
-    with Workspace.create(template) as ws:
-        sandbox = make_sandbox(ws.path, sandbox_config(task, venv, timeout_s=min(task.timeout_s, 120.0)))
+    # The agent's commands share one session sandbox per episode (a few ms each); grading below
+    # runs in a clean copy with a fresh sandbox per command.
+    tools_cfg = sandbox_config(task, venv, timeout_s=min(task.timeout_s, 120.0)).for_tools()
+    with Workspace.create(template) as ws, make_sandbox(ws.path, tools_cfg) as sandbox:
         ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"task_id": task.instance_id, "template": ws.template})
         traj = run_agent(policy, _request(task), ctx, cfg, task_id=task.instance_id,
                          trajectory_path=trajectory_path, diff_fn=ws.diff)  # fmt: skip

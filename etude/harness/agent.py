@@ -57,8 +57,7 @@ def run_on_repo(
 
     repo = _check_repo(repo)
     path = trajectory_path or default_trajectory_path()
-    with Workspace.create(repo) as ws:
-        sandbox = make_sandbox(ws.path, sandbox_config(sandbox_backend))
+    with Workspace.create(repo) as ws, make_sandbox(ws.path, sandbox_config(sandbox_backend)) as sandbox:
         ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"template": ws.template})
         traj = run_agent(policy, request, ctx, config, trajectory_path=path, diff_fn=ws.diff, on_turn=on_turn,
                          meta={"repo": str(repo), **(meta or {})})
@@ -71,13 +70,15 @@ def run_on_repo(
 
 def sandbox_config(backend: str = "bwrap"):  # -> etude.sandbox.SandboxConfig (imported lazily)
     """The sandbox for agent commands: our virtual environment (pytest and friends) bound
-    read-only and first on PATH, so `python -m pytest` works inside."""
+    read-only and first on PATH, so `python -m pytest` works inside. A session sandbox (one
+    bwrap for the whole episode, a few ms per command instead of fresh namespaces each time);
+    grading never uses it."""
     from etude.sandbox import SandboxConfig
 
     venv = Path(sys.prefix)
     binds = (str(venv),) if sys.prefix != sys.base_prefix else ()
     prepend = (str(venv / "bin"),) if binds else ()
-    return SandboxConfig(backend=backend, ro_binds=binds, path_prepend=prepend)  # type: ignore[arg-type]
+    return SandboxConfig(backend=backend, ro_binds=binds, path_prepend=prepend).for_tools()  # type: ignore[arg-type]
 
 
 def apply_patch(repo: Path, patch: str) -> None:

@@ -160,8 +160,9 @@ def _agent(policy: Any, request: str, ws: Any, sb_cfg: Any, hcfg: Any, history: 
     from etude.protocols import ToolContext
     from etude.sandbox import make_sandbox
 
-    ctx = ToolContext(workspace=ws.path, sandbox=make_sandbox(ws.path, sb_cfg), extra={"template": ws.template})
-    return run_agent(policy, request, ctx, hcfg, diff_fn=ws.diff, history=history)
+    with make_sandbox(ws.path, sb_cfg.for_tools()) as sandbox:  # the agent's tools only, never grading
+        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"template": ws.template})
+        return run_agent(policy, request, ctx, hcfg, diff_fn=ws.diff, history=history)
 
 
 def _grade(task: Task, diff: str) -> Any:

@@ -196,8 +196,10 @@ class LocalPolicy:
             eos_token_id=self.stop_token_ids, pad_token_id=pad, output_scores=True,
             return_dict_in_generate=True, use_cache=True,
         )
-        with torch.inference_mode(), torch.random.fork_rng(devices=[]), \
-                (record_routing(self.model) if moe else contextlib.nullcontext()) as rec:
+        # A seed samples from its own stream and leaves the global RNG as it was; without one the
+        # global RNG is used and advanced, so two unseeded calls draw different samples.
+        rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+        with torch.inference_mode(), rng, (record_routing(self.model) if moe else contextlib.nullcontext()) as rec:
             if seed is not None:
                 torch.manual_seed(seed)
             res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Backend = Literal["bwrap", "unsandboxed"]
@@ -47,3 +47,8 @@ class SandboxConfig:
     """User id inside the sandbox (mapped to the launcher's uid on the host)."""
     gid: int = 1000
     """Group id inside the sandbox."""
+
+    def for_tools(self) -> SandboxConfig:
+        """This config as a session sandbox where one is possible (bwrap with the interpreter
+        bound): what an agent's terminal uses within one episode. Graders keep `run`."""
+        return replace(self, session=self.backend == "bwrap" and self.bind_interpreter)

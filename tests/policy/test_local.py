@@ -131,3 +131,14 @@ def test_a_group_prefilled_once_samples_what_separate_prompts_would():
     for a, b in zip(grouped, copies, strict=True):
         assert a.token_ids == b.token_ids
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+
+
+def test_unseeded_calls_draw_fresh_samples_and_a_seed_repeats():
+    pol = LocalPolicy.from_pretrained("tiny")
+    prompt = [[1, 520, 33, 2]]
+    a = pol.generate_ids(prompt, n=4, max_tokens=8, temperature=1.0)
+    b = pol.generate_ids(prompt, n=4, max_tokens=8, temperature=1.0)
+    assert [g.token_ids for g in a] != [g.token_ids for g in b]  # the global RNG moved on
+    s1 = pol.generate_ids(prompt, n=4, max_tokens=8, temperature=1.0, seed=3)
+    s2 = pol.generate_ids(prompt, n=4, max_tokens=8, temperature=1.0, seed=3)
+    assert [g.token_ids for g in s1] == [g.token_ids for g in s2]
