@@ -88,8 +88,9 @@ class TrainConfig:
     """Packed tokens per micro-batch (gradient accumulation splits the batch into these)."""
     share_prefix: bool = True
     """Samples of one prompt (a GRPO group) share one copy of it in the packed training forward
-    (a tree mask: each completion sees the prompt and itself), and one prompt prefill at sampling.
-    Same log-probs up to float rounding; False lays out every sample in full."""
+    (a tree mask: each completion sees the prompt and itself). Same log-probs up to float
+    rounding; False lays out every sample in full. (Sampling always prefills a group's prompt
+    once: LocalPolicy does that for any n > 1.)"""
     ppo_epochs: int = 1
     """Passes over each batch; > 1 makes the PPO clip matter."""
     advantage: str = "grpo"

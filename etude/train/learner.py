@@ -95,22 +95,15 @@ def _layout(samples: Sequence[Sample], share_prefix: bool) -> tuple[list[int], l
     for i, s in enumerate(samples):
         order.setdefault(tuple(s.prompt_ids) if share_prefix else (i,), []).append(i)
     where: dict[int, list[int]] = {}
-    for g, members in enumerate(order.values()):
+    for g, members in enumerate(order.values()):  # unshared: every group is one sample
         prompt = samples[members[0]].prompt_ids
-        if share_prefix:
-            p0 = len(ids)
-            ids += prompt
-            pos += list(range(len(prompt)))
-            grp += [g] * len(prompt)
-            br += [-1] * len(prompt)
+        p0 = len(ids)
+        ids += prompt
+        pos += list(range(len(prompt)))
+        grp += [g] * len(prompt)
+        br += [-1] * len(prompt)
         for i in members:
             s = samples[i]
-            if not share_prefix:
-                p0 = len(ids)
-                ids += s.prompt_ids
-                pos += list(range(len(s.prompt_ids)))
-                grp += [g] * len(s.prompt_ids)
-                br += [-1] * len(s.prompt_ids)
             c0, P = len(ids), len(s.prompt_ids)
             ids += s.completion_ids
             pos += list(range(P, P + len(s.completion_ids)))
@@ -202,7 +195,7 @@ class Learner:
         self.updates = 0
         from etude.scale.moe import is_moe  # MoE route replay needs every sample laid out in full
 
-        self.share = bool(getattr(cfg, "share_prefix", True)) and not is_moe(model)
+        self.share = cfg.share_prefix and not is_moe(model)
 
     @property
     def device(self) -> torch.device:
