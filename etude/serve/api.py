@@ -38,7 +38,8 @@ class ApiError(Exception):
 
 
 class _Loose(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # strict: "stream": "yes" or "max_tokens": "10" is a mistake to report, not to coerce
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class FunctionCall(_Loose):
@@ -56,8 +57,8 @@ class MessageIn(_Loose):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
-    name: str | None = None
+    tool_call_id: str | None = Field(default=None, max_length=128)
+    name: str | None = Field(default=None, max_length=256)
 
 
 class FunctionDef(_Loose):
@@ -91,13 +92,90 @@ class ChatRequest(_Loose):
     seed: int | None = None
 
 
-def parse_request(body: bytes) -> ChatRequest:
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have (a chat request needs about 8)."""
+_INT64 = 2**63
+
+
+def _no_constants(name: str) -> Any:
+    raise ApiError(400, f"request body is not valid JSON: {name} is not a JSON number")
+
+
+def load_json_object(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object; every way it can be bad is the client's error (400):
+    empty, not UTF-8, not JSON, nested deeper than MAX_JSON_DEPTH, NaN/Infinity or a number out
+    of range (beyond a 64-bit integer or a finite float), a string the store cannot hold (an
+    unpaired surrogate or NUL), or not an object at the top."""
+    if not body.strip():
+        raise ApiError(400, "request body is empty: send a JSON object")
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not UTF-8 (invalid byte at offset {e.start})") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise ApiError(400, f"request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)") from None
+    except json.JSONDecodeError as e:
         raise ApiError(400, f"request body is not valid JSON: {e}") from None
+    except ValueError as e:  # e.g. an integer literal of thousands of digits
+        raise ApiError(400, f"request body holds a number out of range: {str(e).split(':')[0]}") from None
     if not isinstance(data, dict):
-        raise ApiError(400, "request body must be a JSON object")
+        raise ApiError(400, f"request body must be a JSON object, not {_json_kind(data)}")
+    _check_values(data)
+    return data
+
+
+def _json_kind(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _check_values(data: Any) -> None:
+    # Iterative (a deep body must not exhaust the stack here either); the path is built only on error.
+    stack: list[tuple[Any, int, Any]] = [(data, 0, None)]
+    while stack:
+        v, depth, where = stack.pop()
+        if isinstance(v, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ApiError(400, f"request body is nested too deeply (the limit is {MAX_JSON_DEPTH} levels)",
+                               param=_path(where))
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, child in items:
+                if isinstance(k, str):
+                    _check_string(k, (where, k))
+                stack.append((child, depth + 1, (where, k)))
+        elif isinstance(v, str):
+            _check_string(v, where)
+        elif isinstance(v, bool):
+            pass
+        elif isinstance(v, int) and not -_INT64 <= v < _INT64:
+            raise ApiError(400, f"{_path(where) or 'body'}: integer out of range (more than 64 bits)", param=_path(where))
+        elif isinstance(v, float) and v - v != 0.0:  # inf (NaN never gets here: parse_constant refuses it)
+            raise ApiError(400, f"{_path(where) or 'body'}: number out of range (not a finite double)",
+                           param=_path(where))
+
+
+def _check_string(s: str, where: Any) -> None:
+    if "\x00" in s:
+        raise ApiError(400, f"{_path(where) or 'body'}: strings must not contain NUL (\\u0000)", param=_path(where))
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{_path(where) or 'body'}: string holds an unpaired UTF-16 surrogate",
+                       param=_path(where)) from None
+
+
+def _path(where: Any) -> str | None:
+    parts = []
+    while where is not None:
+        where, k = where
+        parts.append(str(k))
+    return ".".join(reversed(parts)) or None
+
+
+def parse_request(body: bytes) -> ChatRequest:
+    data = load_json_object(body)
     try:
         req = ChatRequest.model_validate(data)
     except ValidationError as e:

@@ -27,7 +27,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from etude.errors import EtudeError, NotFound
 from etude.serve import registry
-from etude.serve.api import ApiError, completion_body, content_chunk, parse_request, role_chunk, sse, stream_chunks
+from etude.serve.api import (
+    ApiError,
+    completion_body,
+    content_chunk,
+    load_json_object,
+    parse_request,
+    role_chunk,
+    sse,
+    stream_chunks,
+)
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
 from etude.serve.service import ChatService, Pending
@@ -220,14 +229,7 @@ class VisibleText:
 
 def _feedback_record(org: str, body: bytes, model: Any = None) -> dict[str, Any]:
     """Validate a /v1/feedback body: {"interaction_id" | "session_id", "kind", "value"?, "data"?}."""
-    import json
-
-    try:
-        d = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}") from None
-    if not isinstance(d, dict):
-        raise ApiError(400, "request body must be a JSON object")
+    d = load_json_object(body)
     iid, sid = d.get("interaction_id"), d.get("session_id")
     if not isinstance(iid, str) and not isinstance(sid, str):
         raise ApiError(400, "feedback needs a string interaction_id (or session_id)", "interaction_id")

@@ -127,6 +127,76 @@ def test_bad_json_unknown_model_and_oversized_body(server):
     assert r.status_code == 413
 
 
+def _nested(depth: int) -> bytes:
+    return b'{"model": "auto", "messages": [{"role": "user", "content": "x"}], "tools": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+OK_MSG = '"messages": [{"role": "user", "content": "x"}]'
+# (raw body, fragment of the error message): each is a client's mistake and must get a 400
+BAD_BODIES = [
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # was 500 RecursionError
+    (_nested(5_000), "nested too deeply"),
+    (_nested(200), "nested too deeply"),
+    (b"", "empty"),
+    (b"   ", "empty"),
+    (b"\xff\xfe{}", "not UTF-8"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": "caf\xe9"}]}', "not UTF-8"),
+    (b"\xef\xbb\xbf{}", "not valid JSON"),
+    (b"[]", "not an array"),
+    (b'"hello"', "not a string"),
+    (b"null", "not null"),
+    (b"12", "not a number"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "seed": ' + b"9" * 5000 + b"}", "out of range"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "seed": 99999999999999999999999}', "seed: integer out of range"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "temperature": 1e999}', "temperature: number out of range"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "temperature": NaN}', "NaN is not a JSON number"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "top_p": -Infinity}', "-Infinity is not a JSON number"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "max_tokens": 1e10}', "max_tokens"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "max_tokens": 2.5}', "max_tokens"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": "\\ud800"}]}', "unpaired UTF-16 surrogate"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": "a\\u0000b"}]}', "messages.0.content: strings must not contain NUL"),
+    (b'{"model": 7, ' + OK_MSG.encode() + b"}", "model"),
+    (b'{"model": "auto", "messages": {"role": "user"}}', "messages"),
+    (b'{"model": "auto", "messages": ["hi"]}', "messages.0"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": 42}]}', "messages.0.content"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": [1, 2]}]}', "messages.0.content"),
+    (b'{"model": "auto", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "only text parts"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "tools": "read_file"}', "tools"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "tools": [{"type": "function", "function": {"name": ""}}]}', "tools.0.function.name"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "stream": "yes"}', "stream"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "max_tokens": "10"}', "max_tokens"),
+    (b'{"model": "auto", ' + OK_MSG.encode() + b', "user": ["u"]}', "user"),
+    (b'{"model": "auto", "messages": [{"role": "tool", "content": "r", "tool_call_id": "' + b"c" * 200 + b'"}]}', "tool_call_id"),
+    (b'{"model": "auto", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": '
+     b'{"name": "f", "arguments": "{not json"}}]}]}', "arguments is not valid JSON"),
+    (b'{"model": "auto", "messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": '
+     b'{"name": "f", "arguments": "[1]"}}]}]}', "must be a JSON object"),
+]
+
+
+def test_bad_bodies_of_every_shape_get_400_with_a_clear_message_and_the_server_keeps_serving(server):
+    h = {"authorization": f"Bearer {server.key('acme')}", "content-type": "application/json"}
+    with httpx.Client(timeout=30) as http:
+        for body, fragment in BAD_BODIES:
+            r = http.post(f"{server.base_url}/chat/completions", content=body, headers=h)
+            assert r.status_code == 400, (body[:80], r.text[:300])
+            msg = r.json()["error"]["message"]
+            assert fragment in msg and "\n" not in msg and len(msg) < 400, (body[:80], msg)
+            assert "Error" not in msg and "Traceback" not in msg, msg  # no exception class names
+        # the same loader guards /v1/feedback
+        for body, _ in BAD_BODIES[:13]:
+            r = http.post(f"{server.base_url}/feedback", content=body, headers=h)
+            assert r.status_code == 400, (body[:80], r.text[:300])
+        iid = client(server).chat.completions.create(model="auto", messages=[{"role": "user", "content": "ok"}]).id
+        for data in (b'{"interaction_id": "%s", "kind": "latency", "value": 1e999}' % iid.encode(),
+                     b'{"interaction_id": "%s", "kind": "accept", "data": {"note": "\\udfff"}}' % iid.encode(),
+                     b'{"interaction_id": "%s", "kind": "accept", "data": ' % iid.encode() + b"[" * 70 + b"]" * 70 + b"}"):
+            r = http.post(f"{server.base_url}/feedback", content=data, headers=h)
+            assert r.status_code == 400, (data[:80], r.text[:300])
+    assert server.store.count_interactions("acme") == 1  # nothing bad was logged; the good one was
+    assert server.store.feedback(org="acme") == []
+
+
 def test_one_org_cannot_read_another_orgs_interactions_or_use_its_checkpoints(server):
     a, b = client(server, "org-a"), client(server, "org-b")
     raw = a.chat.completions.with_raw_response.create(model="auto", messages=[{"role": "user", "content": "secret"}])
