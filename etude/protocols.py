@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from etude.types import Generation, Message, Outcome, Task, ToolResult, Trajectory
+from etude.types import Episode, Generation, Message, Problem, ToolResult
 
 
 @runtime_checkable
@@ -68,15 +68,17 @@ class Tool(Protocol):
 
 
 @runtime_checkable
-class RewardFn(Protocol):
-    """A reward term: pure, None when it does not apply."""
+class Env(Protocol):
+    """A training environment: problems in, scored episodes out. `problems(split)` is
+    deterministic with "train" and "test" disjoint; `rollout` returns `n` episodes per problem,
+    prompt-major. Every family feeds the same learner."""
 
-    def __call__(self, trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None: ...
+    name: str
 
+    def problems(self, split: str) -> list[Problem]: ...
 
-@runtime_checkable
-class TaskSource(Protocol):
-    def __iter__(self) -> Iterator[Task]: ...
+    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
+                top_p: float, seed: int | None) -> list[Episode]: ...
 
 
 @runtime_checkable

@@ -17,6 +17,9 @@ Decisions (documented in docs/harness.md):
 
 What it does not do: guess calls from bare JSON outside `<tool_call>` tags, or accept the
 `<function=...>` and other vendor formats.
+
+It sits at the bottom layer, beside `types`: policy backends (which decode native OpenAI
+`tool_calls`) and the harness (which parses text) both read it; `etude.harness` re-exports it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Payloads that cross component boundaries: frozen dataclasses, nothing heavy imported.
+"""Payloads that cross component boundaries: dataclasses, nothing heavy imported.
 
 Every component speaks in these. They serialise to plain JSON with `to_dict()` and load back
 with `from_dict()`, so trajectories, tasks and verdicts can be written as JSONL and read by
 any other component (or any other tool) without importing the one that produced them.
+The RL training payloads at the end (`Problem`, `TurnSample`, `Episode`) stay in memory
+between an environment and the learner.
 """
 
 from __future__ import annotations
@@ -109,6 +111,21 @@ class Generation(_Serialisable):
     policy_version: int = 0
     tool_calls: tuple[ToolCall, ...] | None = None  # set by backends that parse natively (OpenAI API)
     latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NativeGeneration(Generation):
+    """A `Generation` from a backend that parses tool calls itself (an OpenAI API).
+
+    It adds what such a backend knows and `Generation` has no field for: the malformed tool
+    calls it could not decode (so the harness shows them to the model instead of dropping them)
+    and the token usage the server reported. The harness reads these with `getattr`, so any
+    Generation works; these fields are simply absent on the others."""
+
+    tool_call_errors: tuple[str, ...] = ()  # one per malformed entry of the response's tool_calls
+    prompt_tokens: int | None = None  # usage.prompt_tokens, when the server reports it
+    completion_tokens: int | None = None  # usage.completion_tokens
+    response_id: str | None = None  # the response `id` (on etude serve: the interaction id feedback refers to)
 
 
 @dataclass(frozen=True)
@@ -234,3 +251,50 @@ class RewardBreakdown(_Serialisable):
     terms: dict[str, float | None]
     weights: dict[str, float] = field(default_factory=dict)
     flags: tuple[Flag, ...] = ()
+
+
+# --- RL training payloads: what environments hand the learner ------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One prompt of a training environment (`protocols.Env.problems`)."""
+
+    id: str
+    family: str
+    messages: tuple[Message, ...]
+    answer: Any = None  # what the checker compares against (family-specific)
+
+
+@dataclass
+class TurnSample:
+    """One assistant turn as the learner sees it."""
+
+    prompt_ids: list[int]  # [num_prompt_tokens]
+    completion_ids: list[int]  # [num_completion_tokens]
+    logprobs: list[float]  # [num_completion_tokens], behaviour log-probs at sampling time
+    routes: Any = None  # MoE policies only: etude.scale.moe.Routes, replayed by the learner
+
+    @classmethod
+    def of(cls, g: Generation) -> TurnSample:
+        return cls(list(g.prompt_token_ids), list(g.token_ids), list(g.logprobs), getattr(g, "routes", None))
+
+
+@dataclass
+class Episode:
+    """A scored rollout of one problem: one `TurnSample` per assistant turn, its reward and
+    reward terms, and the policy version that produced it (`protocols.Env.rollout`)."""
+
+    problem_id: str
+    family: str
+    reward: float
+    terms: dict[str, float | None]
+    resolved: bool
+    turns: list[TurnSample]
+    policy_version: int
+    text: str = ""  # the final answer, for logs
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(t.completion_ids) for t in self.turns)

@@ -6,7 +6,6 @@ does not know which one it is in.
 
 from etude.harness.config import DEFAULT_TOOLS, READ_ONLY_TOOLS, HarnessConfig
 from etude.harness.loop import run_agent
-from etude.harness.parse import FORMATS, parse_hermes, parse_openai_tool_calls, parse_output, to_json_dict
 from etude.harness.prompt import (
     DEFAULT_SYSTEM_PROMPT,
     SUBMIT,
@@ -17,6 +16,7 @@ from etude.harness.prompt import (
     system_prompt,
 )
 from etude.harness.record import TrajectoryWriter, load_trajectories, load_trajectory, trajectory_from_dict
+from etude.toolcalls import FORMATS, parse_hermes, parse_openai_tool_calls, parse_output, to_json_dict
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",

@@ -24,7 +24,7 @@ def parse(
     tools: Annotated[str | None, typer.Option("--tools", help="comma-separated tool names; calls to others are errors")] = None,
 ) -> None:
     """Parse model output on stdin; print {"text", "tool_calls": [{"id","name","arguments"}], "errors"} as JSON."""
-    from etude.harness.parse import FORMATS, parse_output, to_json_dict
+    from etude.toolcalls import FORMATS, parse_output, to_json_dict
 
     if fmt not in FORMATS:
         raise EtudeError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")

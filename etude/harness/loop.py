@@ -32,10 +32,10 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
-from etude.harness.parse import parse_hermes
 from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
 from etude.protocols import Policy, ToolContext
+from etude.toolcalls import parse_hermes
 from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from etude.harness.parse import CLOSE_TAG, OPEN_TAG
+from etude.toolcalls import CLOSE_TAG, OPEN_TAG
 from etude.types import Message, ToolCall
 
 SUBMIT = "submit"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.types import Generation, Message, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
+from etude.types import Generation, Message, NativeGeneration, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
 
 
 class TrajectoryWriter:
@@ -93,8 +93,7 @@ def _turn(d: dict[str, Any]) -> Turn:
 
 
 def _generation(d: dict[str, Any]) -> Generation:
-    from etude.policy.generation import NativeGeneration  # the subclass carries a superset of fields
-
+    # the subclass carries a superset of fields
     cls = NativeGeneration if {"tool_call_errors", "response_id"} & d.keys() else Generation
     names = {f.name for f in dataclasses.fields(cls)}
     kw = {k: v for k, v in d.items() if k in names}

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.harness.parse import parse_openai_tool_calls
-from etude.policy.generation import NativeGeneration
-from etude.types import Message
+from etude.toolcalls import parse_openai_tool_calls
+from etude.types import Message, NativeGeneration
 
 
 class OpenAIPolicy:

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.harness.parse import parse_openai_tool_calls
-from etude.policy.generation import NativeGeneration
-from etude.types import Generation, Message
+from etude.toolcalls import parse_openai_tool_calls
+from etude.types import Generation, Message, NativeGeneration
 
 Output = str | Generation | dict[str, Any]
 

@@ -1,7 +1,7 @@
 """Training environments: problems in, scored episodes out. Every family feeds the same learner.
 
-An `Env` has `problems(split)` (deterministic, train and test disjoint) and
-`rollout(policy, problems, n=..., ...)` returning `n` `Episode`s per problem, prompt-major.
+An env is a `protocols.Env`: `problems(split)` (deterministic, train and test disjoint) and
+`rollout(policy, problems, n=..., ...)` returning `n` `types.Episode`s per problem, prompt-major.
 An episode holds one `TurnSample` per assistant turn (prompt ids, completion ids, behaviour
 log-probs) plus its reward, reward terms and the policy version that produced it.
 
@@ -10,7 +10,7 @@ Families:
 - `pyfunc`: single-turn "write this Python function"; the answer is run against hidden tests in
   the real sandbox (bubblewrap). Reward = fraction of tests passed, resolved = all passed.
 - `tasks`: multi-turn repository tasks through the harness and the sandbox
-  (`etude.envs.run_episode` + `etude.rewards.score`), imported lazily.
+  (`etude.envs.TasksEnv`: `run_episode` + `etude.rewards.score`).
 
 What this does not guarantee: `pyfunc`'s pass marker is guarded by a per-run nonce read
 before the candidate code is imported, which stops printing a fake marker but not every
@@ -25,58 +25,14 @@ import secrets
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from etude.envs.tasks_env import TasksEnv
 from etude.errors import EtudeError
-from etude.types import Generation, Message
-
-
-@dataclass(frozen=True)
-class Problem:
-    id: str
-    family: str
-    messages: tuple[Message, ...]
-    answer: Any = None  # what the checker compares against (family-specific)
-
-
-@dataclass
-class TurnSample:
-    prompt_ids: list[int]  # [num_prompt_tokens]
-    completion_ids: list[int]  # [num_completion_tokens]
-    logprobs: list[float]  # [num_completion_tokens], behaviour log-probs at sampling time
-    routes: Any = None  # MoE policies only: etude.scale.moe.Routes, replayed by the learner
-
-
-@dataclass
-class Episode:
-    problem_id: str
-    family: str
-    reward: float
-    terms: dict[str, float | None]
-    resolved: bool
-    turns: list[TurnSample]
-    policy_version: int
-    text: str = ""  # the final answer, for logs
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(len(t.completion_ids) for t in self.turns)
-
-
-class Env(Protocol):
-    name: str
-
-    def problems(self, split: str) -> list[Problem]: ...
-
-    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
-                top_p: float, seed: int | None) -> list[Episode]: ...
-
-
-def sample_of(g: Generation) -> TurnSample:
-    return TurnSample(list(g.prompt_token_ids), list(g.token_ids), list(g.logprobs), getattr(g, "routes", None))
+from etude.protocols import Env
+from etude.sandbox import SandboxConfig, run
+from etude.types import Episode, Message, Problem, TurnSample
 
 
 class SingleTurnEnv:
@@ -100,7 +56,7 @@ class SingleTurnEnv:
         with ThreadPoolExecutor(self.workers) as pool:
             checks = list(pool.map(lambda pg: self.check(pg[0], pg[1].text), zip(probs, gens, strict=True)))
         return [
-            Episode(p.id, p.family, r, terms, ok, [sample_of(g)], g.policy_version, g.text,
+            Episode(p.id, p.family, r, terms, ok, [TurnSample.of(g)], g.policy_version, g.text,
                     {"finish": g.finish_reason})
             for p, g, (r, terms, ok) in zip(probs, gens, checks, strict=True)
         ]
@@ -204,8 +160,6 @@ class PyFuncEnv(SingleTurnEnv):
         return Problem(f"pyfunc-{split}-{name}", "pyfunc", (Message("user", q),), (name, cases))
 
     def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
-        from etude.sandbox import SandboxConfig, run
-
         name, cases = problem.answer
         code, fenced = extract_code(text)
         if self._sandbox_cfg is None:
@@ -224,62 +178,6 @@ def extract_code(text: str) -> tuple[str, bool]:
     """The first fenced code block (any language tag), else the whole text."""
     m = re.search(r"```[a-zA-Z0-9_+-]*\n(.*?)(```|$)", text, re.S)
     return (m.group(1), True) if m else (text, False)
-
-
-class TasksEnv:
-    """Multi-turn repository tasks: harness + sandbox episodes, graded in a clean copy.
-
-    Problems come from `tasks_file` (the last `num_test` tasks are held out) or from the
-    built-in suite (`etude.tasks.builtin_suite`: its train split, at most `num_train` tasks,
-    and its eval split, at most `num_test`), built on first use.
-    """
-
-    name = "tasks"
-
-    def __init__(self, tasks_file: str | None = None, num_train: int = 8, num_test: int = 1, max_steps: int = 6,
-                 **_: Any):
-        try:
-            from etude.envs import run_episode  # noqa: F401
-            from etude.rewards import score  # noqa: F401
-        except ImportError as e:
-            raise EtudeError(f"env 'tasks' needs etude.envs and etude.rewards ({e})") from e
-        self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
-        self._cache: dict[str, list[Any]] = {}
-
-    def _tasks(self, split: str) -> list[Any]:
-        import etude.tasks as tasks_mod
-
-        if split not in self._cache:
-            if self.tasks_file:
-                every = list(tasks_mod.load_tasks(self.tasks_file))
-                cut = max(1, len(every) - self.num_test)
-                self._cache = {"train": every[:cut][: self.num_train], "test": every[cut:]}
-            else:
-                self._cache[split] = list(tasks_mod.builtin_suite("train" if split == "train" else "eval",
-                                                                  self.num_train if split == "train" else self.num_test))
-        return self._cache[split]
-
-    def problems(self, split: str) -> list[Problem]:
-        if split not in ("train", "test"):
-            raise EtudeError(f"unknown split {split!r}")
-        return [Problem(t.instance_id, "tasks", (Message("user", t.problem_statement),), t) for t in self._tasks(split)]
-
-    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
-                top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
-        from etude.envs import run_episode
-        from etude.harness import HarnessConfig
-        from etude.rewards import RewardConfig, score
-
-        hc = HarnessConfig(max_steps=self.max_steps, max_tokens_per_turn=max_tokens, temperature=temperature)
-        out = []
-        for p in problems:
-            for _ in range(n):
-                traj, outcome = run_episode(p.answer, policy, hc)
-                br = score(traj, p.answer, outcome, RewardConfig())
-                turns = [sample_of(t.generation) for t in traj.turns if t.generation.token_ids]
-                out.append(Episode(p.id, p.family, br.total, dict(br.terms), outcome.resolved, turns,
-                                   traj.policy_version, traj.final_message, {"stop": traj.stop_reason}))
-        return out
 
 
 ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv}

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from etude.protocols import Env
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import TrainConfig
-from etude.train.envs import Env, Episode, Problem, make_env
+from etude.train.envs import make_env
 from etude.train.learner import Learner, Sample
 from etude.train.losses import RunningBaseline, group_advantages, token_weights
 from etude.train.metrics import MetricsWriter
@@ -33,6 +34,7 @@ from etude.train.rollout import (
     RolloutWorker,
     episodes_summary,
 )
+from etude.types import Episode, Problem
 
 
 def to_samples(cfg: TrainConfig, batch: RolloutBatch, baseline: RunningBaseline) -> list[Sample]:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from etude.train.config import TrainConfig
-from etude.train.envs import Episode, Problem, make_env
+from etude.train.envs import make_env
+from etude.types import Episode, Problem
 
 
 @dataclass
