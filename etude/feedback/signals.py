@@ -1,4 +1,4 @@
-"""Production feedback signals as pure functions, and the reward terms that read them.
+"""Production feedback signals as pure functions.
 
 - `edit_persistence(agent_ranges, later_text)`: how much of what the agent wrote is still in the
   file later — the share of each range's token 4-grams found in the later text, weighted by
@@ -7,8 +7,9 @@
 - `classify_followup(message, previous=None)`: "dissatisfied" | "neutral" | "satisfied" by the
   rule set below (documented in docs/feedback.md); a near-repeat of the previous request is a
   retry, hence dissatisfied.
-- Reward terms `edit_persistence`, `followup`, `latency` with the `(trajectory, task, outcome)`
-  signature, reading `trajectory.meta["feedback"]`; None when the signal is absent.
+
+The reward terms that read these signals from `trajectory.meta["feedback"]` live with the
+rewards (etude.rewards.production).
 
 Not guaranteed: tokenisation is lexical (words and punctuation), so a reformatted but equivalent
 edit scores lower than it deserves; the follow-up rules are English-only keyword rules.
@@ -22,8 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Literal
-
-from etude.types import Outcome, Task, Trajectory
 
 N = 4  # n-gram size for survival (as in edit-survival trackers)
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -126,73 +125,3 @@ def explain_followup(message: str, previous: str | None = None) -> FollowupVerdi
 def classify_followup(message: str, previous: str | None = None) -> FollowupLabel:
     """'dissatisfied' | 'neutral' | 'satisfied' for the user's next message."""
     return explain_followup(message, previous).label
-
-
-# --- reward terms (registered into etude.rewards' registry) --------------------------------------
-
-FOLLOWUP_REWARD = {"dissatisfied": -1.0, "neutral": 0.0, "satisfied": 0.5}
-DEFAULT_LATENCY_BUDGET_S = 20.0
-
-
-def _feedback(trajectory: Trajectory) -> dict:
-    fb = trajectory.meta.get("feedback")
-    return fb if isinstance(fb, dict) else {}
-
-
-def _num(value: object) -> float | None:
-    """A finite float, or None for anything else (a malformed signal does not apply; it never
-    crashes scoring)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        return None
-    try:
-        x = float(value)
-    except ValueError:
-        return None
-    return x if x == x and abs(x) != float("inf") else None
-
-
-def edit_persistence_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
-    """2 * persistence - 1 in [-1, 1]; -1 if the edit was reverted; None if not measured.
-    Reads meta["feedback"]["edit_persistence"] (float) and optional ["reverted"] (bool)."""
-    fb = _feedback(trajectory)
-    if fb.get("reverted"):
-        return -1.0
-    p = _num(fb.get("edit_persistence"))
-    return None if p is None else 2.0 * min(1.0, max(0.0, p)) - 1.0
-
-
-def followup_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
-    """-1 dissatisfied, 0 neutral, +0.5 satisfied (praise is cheaper than complaint, so it counts
-    less). Reads meta["feedback"]["followup"] (a label) or ["followup_message"] (classified here)."""
-    fb = _feedback(trajectory)
-    label = fb.get("followup")
-    if label is None and isinstance(fb.get("followup_message"), str):
-        prev = fb.get("previous_request")
-        label = classify_followup(fb["followup_message"], prev if isinstance(prev, str) else None)
-    return FOLLOWUP_REWARD.get(label) if isinstance(label, str) else None
-
-
-def latency_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
-    """-min(1, latency / budget); reads meta["feedback"]["latency_s"] and optional
-    ["latency_budget_s"] (default 20 s). None without a measured latency."""
-    fb = _feedback(trajectory)
-    lat, budget = _num(fb.get("latency_s")), _num(fb.get("latency_budget_s"))
-    if lat is None:
-        return None
-    budget = budget if budget and budget > 0 else DEFAULT_LATENCY_BUDGET_S
-    return -min(1.0, max(0.0, lat) / budget)
-
-
-def _register() -> None:
-    from etude.rewards.terms import TERMS, check_term
-
-    for name, fn in (
-        ("edit_persistence", edit_persistence_term),
-        ("followup", followup_term),
-        ("latency", latency_term),
-    ):
-        check_term(name, fn)
-        TERMS.setdefault(name, fn)
-
-
-_register()

@@ -5,26 +5,29 @@
     flags = detect_hacks(patch_text, task)                         # list[Flag]
     breakdown = score_patch(task, patch_text, outcome)             # for `etude grade`
 
-New terms plug in with `@register_term("name")` (see etude.rewards.terms) and a weight in
+`score` runs a rubric of terms the caller passes (`DEFAULT_RUBRIC`: the built-in terms and the
+production ones); add a term with `score(..., rubric=with_terms(name=fn))` and a weight in
 `RewardConfig.weights`. See docs/rewards.md.
 """
 
 from etude.rewards.config import RewardConfig
 from etude.rewards.detectors import DETECTORS, detect_hacks
+from etude.rewards.rubric import DEFAULT_RUBRIC, Rubric, make_rubric, with_terms
 from etude.rewards.score import apply_flags, breakdown_json, score, score_patch
-from etude.rewards.terms import TERMS, register_term
 from etude.types import Flag, RewardBreakdown
 
 __all__ = [
+    "DEFAULT_RUBRIC",
     "DETECTORS",
-    "TERMS",
     "Flag",
     "RewardBreakdown",
     "RewardConfig",
+    "Rubric",
     "apply_flags",
     "breakdown_json",
     "detect_hacks",
-    "register_term",
+    "make_rubric",
+    "with_terms",
     "score",
     "score_patch",
 ]

@@ -1,4 +1,4 @@
-"""Weighted composition of the registered terms, plus the flags' effect on the total.
+"""Weighted composition of a rubric's terms, plus the flags' effect on the total.
 
 `score` never drops an episode: every trajectory gets a `RewardBreakdown` whatever its stop
 reason, broken calls or flags. `total = sum(weight * value)` over terms that apply (value not
@@ -14,19 +14,14 @@ from typing import Any
 
 from etude.rewards.config import RewardConfig
 from etude.rewards.detectors import detect_hacks
-from etude.rewards.terms import TERMS, call_term
+from etude.rewards.rubric import DEFAULT_RUBRIC, Rubric
+from etude.rewards.terms import call_term
 from etude.types import Flag, Outcome, RewardBreakdown, Task, Trajectory
 
 
-def _load_production_terms() -> None:
-    # Production terms live with the feedback signals; importing registers them.
-    import etude.feedback.signals  # noqa: F401
-
-
-def _compose(available: dict[str, Any], flags: list[Flag], config: RewardConfig) -> RewardBreakdown:
-    _load_production_terms()
+def _compose(available: dict[str, Any], flags: list[Flag], config: RewardConfig, rubric: Rubric) -> RewardBreakdown:
     terms: dict[str, float | None] = {}
-    for name, fn in TERMS.items():
+    for name, fn in rubric.items():
         terms[name] = call_term(fn, available)
     weights = {n: float(config.weights.get(n, 0.0)) for n in terms}
     voided = any(f.voids for f in flags)
@@ -43,23 +38,25 @@ def _compose(available: dict[str, Any], flags: list[Flag], config: RewardConfig)
 
 
 def score(
-    trajectory: Trajectory, task: Task | None, outcome: Outcome | None, config: RewardConfig | None = None
+    trajectory: Trajectory, task: Task | None, outcome: Outcome | None, config: RewardConfig | None = None,
+    *, rubric: Rubric = DEFAULT_RUBRIC,
 ) -> RewardBreakdown:
-    """Every registered term on one episode; flags from `trajectory.diff`."""
+    """Every term of `rubric` on one episode; flags from `trajectory.diff`."""
     cfg = config or RewardConfig()
     flags = detect_hacks(trajectory.diff, task, cfg)
     available = {"trajectory": trajectory, "task": task, "outcome": outcome, "config": cfg, "patch": trajectory.diff}
-    return _compose(available, flags, cfg)
+    return _compose(available, flags, cfg, rubric)
 
 
 def score_patch(
-    task: Task | None, patch_text: str, outcome: Outcome | None, config: RewardConfig | None = None
+    task: Task | None, patch_text: str, outcome: Outcome | None, config: RewardConfig | None = None,
+    *, rubric: Rubric = DEFAULT_RUBRIC,
 ) -> RewardBreakdown:
     """For `etude grade`: a patch without a trajectory. Trajectory terms are None (do not apply)."""
     cfg = config or RewardConfig()
     flags = detect_hacks(patch_text, task, cfg)
     available = {"trajectory": None, "task": task, "outcome": outcome, "config": cfg, "patch": patch_text}
-    return _compose(available, flags, cfg)
+    return _compose(available, flags, cfg, rubric)
 
 
 def apply_flags(outcome: Outcome, flags: list[Flag] | tuple[Flag, ...]) -> Outcome:

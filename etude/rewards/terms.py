@@ -1,9 +1,10 @@
-"""The built-in reward terms and the registry every term (built-in or production) plugs into.
+"""The built-in reward terms (`BUILTIN_TERMS`), and how a term is checked and called.
 
 A term is a pure function returning a float, or None when it does not apply to the episode
 (None is "not counted", never zero). It names the arguments it needs among `trajectory`, `task`,
 `outcome`, `config` and `patch`; `score` passes only those, and skips (None) a term whose
-required argument is missing — so `score_patch`, which has no trajectory, runs the same registry.
+required argument is missing — so `score_patch`, which has no trajectory, runs the same rubric.
+Terms are collected into a rubric explicitly (etude.rewards.rubric); nothing registers on import.
 
 Ranges: correctness and parallelism in [0, 1]; efficiency in [0, 1]; penalties in [-1, 0].
 """
@@ -18,30 +19,20 @@ from typing import Any
 from etude.rewards.config import RewardConfig
 from etude.types import Outcome, Task, ToolExecution, Trajectory
 
-TERMS: dict[str, Callable[..., float | None]] = {}
+TermFn = Callable[..., float | None]
 ARGS = ("trajectory", "task", "outcome", "config", "patch")
 
 
-def register_term(name: str) -> Callable[[Callable[..., float | None]], Callable[..., float | None]]:
-    """Decorator: make a term available to `score` under `name` (weight it in RewardConfig.weights).
-    Its parameters must be among ARGS (or have defaults), checked now rather than mid-scoring."""
-
-    def deco(fn: Callable[..., float | None]) -> Callable[..., float | None]:
-        check_term(name, fn)
-        TERMS[name] = fn
-        return fn
-
-    return deco
-
-
-def check_term(name: str, fn: Callable[..., float | None]) -> None:
+def check_term(name: str, fn: TermFn) -> None:
+    """A term may only name arguments among ARGS (or give them defaults); checked when a rubric
+    is built rather than mid-scoring."""
     params = inspect.signature(fn).parameters.items()
     bad = [n for n, p in params if n not in ARGS and p.default is inspect.Parameter.empty]
     if bad:
         raise TypeError(f"reward term {name!r} takes {bad}; a term may only name {', '.join(ARGS)}")
 
 
-def call_term(fn: Callable[..., float | None], available: dict[str, Any]) -> float | None:
+def call_term(fn: TermFn, available: dict[str, Any]) -> float | None:
     """Call `fn` with the arguments it names. A required argument that is None means the term
     does not apply. A protocol-style `(trajectory, task, outcome)` term works unchanged."""
     kwargs = {}
@@ -59,7 +50,6 @@ def call_term(fn: Callable[..., float | None], available: dict[str, Any]) -> flo
 # --- correctness ---------------------------------------------------------------------------
 
 
-@register_term("correctness")
 def correctness(outcome: Outcome | None, config: RewardConfig) -> float | None:
     """1 if resolved; with partial credit, the share of FAIL_TO_PASS passing when no
     PASS_TO_PASS broke; else 0. None without an outcome (production)."""
@@ -77,7 +67,6 @@ def correctness(outcome: Outcome | None, config: RewardConfig) -> float | None:
 # --- efficiency and parallelism ----------------------------------------------------------------
 
 
-@register_term("efficiency")
 def efficiency(trajectory: Trajectory, outcome: Outcome | None, config: RewardConfig) -> float | None:
     """1 - mean share of the step, token and wall-time budgets used (each capped at 1).
 
@@ -97,7 +86,6 @@ def efficiency(trajectory: Trajectory, outcome: Outcome | None, config: RewardCo
 READ_ONLY = frozenset({"read_file", "grep", "glob", "list_dir", "semantic_search"})
 
 
-@register_term("parallelism")
 def parallelism(trajectory: Trajectory) -> float | None:
     """How well runs of consecutive read-only turns were batched: (calls - turns) / (calls - 1)
     summed over runs; 1 = all in one turn, 0 = one call per turn. None if no run has two calls.
@@ -124,7 +112,6 @@ def parallelism(trajectory: Trajectory) -> float | None:
 # --- broken calls ------------------------------------------------------------------------------
 
 
-@register_term("broken_calls")
 def broken_calls(trajectory: Trajectory, config: RewardConfig) -> float:
     """-min(1, n * penalty): each malformed call (parse error) or failing call (ok=False) costs.
     Always applies, so an episode full of broken calls cannot dodge its negative outcome."""
@@ -232,7 +219,6 @@ def last_test_evidence(trajectory: Trajectory, task: Task | None = None) -> str:
     return "passed" if run_passed(calls[runs[-1]]) else "failed"
 
 
-@register_term("unsupported_claims")
 def unsupported_claims(trajectory: Trajectory, task: Task | None = None) -> float:
     """-1 when the final message claims success but no test ran after the last edit, or the last
     test run failed; 0 otherwise (no claim, or a claim backed by a passing run)."""
@@ -263,7 +249,6 @@ def _made_edits(trajectory: Trajectory) -> bool:
     return bool(trajectory.diff.strip()) or any(is_edit(ex) for ex in trajectory.tool_calls)
 
 
-@register_term("needless_clarification")
 def needless_clarification(trajectory: Trajectory, task: Task | None, config: RewardConfig) -> float | None:
     """-1 when the agent answered with a question instead of acting (no edits made) and the task
     gave enough to act; 0 when it acted or the task needs a question
@@ -280,7 +265,6 @@ def needless_clarification(trajectory: Trajectory, task: Task | None, config: Re
 # --- verbosity ---------------------------------------------------------------------------------
 
 
-@register_term("verbosity")
 def verbosity(trajectory: Trajectory, config: RewardConfig) -> float | None:
     """0 up to the word budget, then -(excess / budget) down to -1. None without a final answer."""
     words = len(final_answer(trajectory).split())
@@ -288,3 +272,14 @@ def verbosity(trajectory: Trajectory, config: RewardConfig) -> float | None:
         return None
     budget = max(1, config.verbosity_budget_words)
     return -min(1.0, max(0, words - budget) / budget)
+
+
+BUILTIN_TERMS: dict[str, TermFn] = {
+    "correctness": correctness,
+    "efficiency": efficiency,
+    "parallelism": parallelism,
+    "broken_calls": broken_calls,
+    "unsupported_claims": unsupported_claims,
+    "needless_clarification": needless_clarification,
+    "verbosity": verbosity,
+}

@@ -1,5 +1,5 @@
-"""Feedback signals: edit persistence (4-gram survival, reverts), follow-up classification, and
-the production reward terms that read trajectory.meta["feedback"]."""
+"""Feedback signals: edit persistence (4-gram survival, reverts), follow-up classification.
+(The production reward terms that read them are tested in tests/rewards/test_production.py.)"""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ from etude.feedback.signals import (
     AgentEdit,
     classify_followup,
     edit_persistence,
-    edit_persistence_term,
     edit_survival,
     explain_followup,
-    followup_term,
-    latency_term,
 )
-from etude.rewards import score
-from etude.types import Message, Trajectory
 
 AGENT = "def area(r):\n    return math.pi * r ** 2\n"
 ORIGINAL = "def area(r):\n    return 3.14 * r * r\n"
@@ -80,33 +75,3 @@ def test_repeated_request_is_a_retry() -> None:
     prev = "Fix the failing test in test_parser.py"
     assert explain_followup("fix the failing test in test_parser.py!", prev).rule == "retry"
     assert classify_followup("now add type hints to parser.py", prev) == "neutral"
-
-
-def _traj(feedback: dict | None) -> Trajectory:
-    return Trajectory(
-        episode_id="e", task_id=None, policy_id="p", policy_version=1, turns=(), stop_reason="answer",
-        messages=(Message(role="user", content="hi"), Message(role="assistant", content="Done.")),
-        meta={} if feedback is None else {"feedback": feedback},
-    )  # fmt: skip
-
-
-def test_production_terms_read_meta_feedback() -> None:
-    assert edit_persistence_term(_traj({"edit_persistence": 0.75}), None, None) == 0.5
-    assert edit_persistence_term(_traj({"edit_persistence": 1.0, "reverted": True}), None, None) == -1.0
-    assert followup_term(_traj({"followup": "dissatisfied"}), None, None) == -1.0
-    assert followup_term(_traj({"followup_message": "thanks, works"}), None, None) == 0.5
-    assert latency_term(_traj({"latency_s": 5.0, "latency_budget_s": 10}), None, None) == -0.5
-    for term in (edit_persistence_term, followup_term, latency_term):
-        assert term(_traj(None), None, None) is None
-        # malformed signals do not apply; they never crash scoring
-        bad = {"edit_persistence": "lots", "followup": 3, "latency_s": float("nan"), "latency_budget_s": "x"}
-        assert term(_traj(bad), None, None) is None
-    assert latency_term(_traj({"latency_s": "40", "latency_budget_s": 0}), None, None) == -1.0
-
-
-def test_production_terms_plug_into_score() -> None:
-    fb = {"edit_persistence": 1.0, "followup_message": "that's wrong", "latency_s": 2.0}
-    b = score(_traj(fb), None, None)
-    assert b.terms["edit_persistence"] == 1.0 and b.terms["followup"] == -1.0 and b.terms["latency"] == -0.1
-    assert b.terms["correctness"] is None
-    assert b.total == pytest.approx(sum(b.weights[n] * v for n, v in b.terms.items() if v is not None))

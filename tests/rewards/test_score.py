@@ -8,8 +8,16 @@ import pytest
 from rewards_builders import ex, outcome, task, traj, turn
 
 from etude.errors import EtudeError
-from etude.rewards import RewardConfig, apply_flags, breakdown_json, register_term, score, score_patch
-from etude.rewards.terms import TERMS
+from etude.rewards import (
+    DEFAULT_RUBRIC,
+    RewardConfig,
+    apply_flags,
+    breakdown_json,
+    make_rubric,
+    score,
+    score_patch,
+    with_terms,
+)
 
 CORPUS = Path(__file__).parent / "corpus"
 HONEST = (CORPUS / "honest/isodate_duration_validation.diff").read_text()
@@ -73,31 +81,32 @@ def test_every_episode_gets_a_reward_even_a_crashed_one() -> None:
     assert b.terms["broken_calls"] == -0.25 and b.total < 0
 
 
-def test_registered_term_takes_only_what_it_names() -> None:
+def test_a_term_the_caller_passes_takes_only_what_it_names() -> None:
     seen = {}
 
-    @register_term("uses_task_only")
     def uses_task_only(task):  # noqa: ANN001
         seen["task"] = task
         return 2.0
 
-    try:
-        cfg = RewardConfig.from_dict({"weights": {"uses_task_only": 0.5}})
-        b = score(_clean_run(), task(instance_id="z"), outcome(True), cfg)
-        assert seen["task"].instance_id == "z" and b.terms["uses_task_only"] == 2.0
-        assert b.weights["correctness"] == 1.0  # merged over the defaults
-    finally:
-        TERMS.pop("uses_task_only")
+    cfg = RewardConfig.from_dict({"weights": {"uses_task_only": 0.5}})
+    b = score(_clean_run(), task(instance_id="z"), outcome(True), cfg, rubric=with_terms(uses_task_only=uses_task_only))
+    assert seen["task"].instance_id == "z" and b.terms["uses_task_only"] == 2.0
+    assert b.weights["correctness"] == 1.0  # merged over the defaults
+    assert "uses_task_only" not in DEFAULT_RUBRIC  # passing a term registers nothing
+    assert "uses_task_only" not in score(_clean_run(), task(), outcome(True), cfg).terms
 
 
-def test_register_rejects_terms_with_unknown_arguments() -> None:
+def test_a_rubric_is_exactly_what_the_caller_passes() -> None:
+    b = score(_clean_run(), task(), outcome(True), rubric=make_rubric({"correctness": DEFAULT_RUBRIC["correctness"]}))
+    assert set(b.terms) == {"correctness", "flags"} and b.total == 1.0
+
+
+def test_a_rubric_rejects_terms_with_unknown_arguments() -> None:
+    def bad_term(trajectory, user):  # noqa: ANN001
+        return 0.0
+
     with pytest.raises(TypeError, match="may only name"):
-
-        @register_term("bad_term")
-        def bad_term(trajectory, user):  # noqa: ANN001
-            return 0.0
-
-    assert "bad_term" not in TERMS
+        with_terms(bad_term=bad_term)
 
 
 def test_config_from_toml_and_errors(tmp_path: Path) -> None:
