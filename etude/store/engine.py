@@ -8,7 +8,10 @@ to `busy_timeout_s` for each other instead. Migrations run on open under a file 
 processes opening a fresh file at once do not race.
 
 PostgreSQL works by URL (`postgresql+psycopg://...`, the `postgres` extra) through the same
-Core statements (tests/store/test_postgres.py runs them on a throwaway PostgreSQL 15 cluster).
+Core statements; a committed transaction is durable as the server's `fsync` and
+`synchronous_commit` settings make it (on by default). Migrations take a PostgreSQL advisory
+lock, so concurrent first opens take turns there too. The store tests run on both backends
+(`.ci/run` starts a throwaway cluster: scripts/pg-cluster.sh, tests/db_fixtures.py).
 """
 
 from __future__ import annotations
@@ -84,11 +87,26 @@ def make_engine(url: str, busy_timeout_s: float = 30.0) -> Engine:
         raise EtudeError(f"no driver for {parsed.get_backend_name()}: {e.name} (pip install 'etude[postgres]')") from e
 
 
+_PG_MIGRATION_LOCK = 0x657475_6465  # a fixed advisory-lock key ("etude"); such locks are per database
+
+
 @contextmanager
-def _migration_lock(url: sa.URL) -> Iterator[None]:
-    path = _sqlite_path(url)
-    if path is None:  # PostgreSQL: alembic's transactional DDL is enough for our single revision chain
-        yield
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    path = _sqlite_path(engine.url)
+    if path is None:
+        if engine.url.get_backend_name() != "postgresql":
+            yield
+            return
+        # Two processes migrating a fresh database at once would both create alembic_version
+        # (one fails on its primary key): a session advisory lock makes them take turns.
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({_PG_MIGRATION_LOCK})")
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({_PG_MIGRATION_LOCK})")
+                conn.commit()
         return
     with open(f"{path}.migrate.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -128,7 +146,7 @@ def migrate(engine: Engine) -> None:
     head = head_revision()
     if current_revision(engine) == head:
         return
-    with _migration_lock(engine.url):
+    with _migration_lock(engine):
         if current_revision(engine) == head:  # someone else migrated while we waited
             return
         cfg = _alembic_config()

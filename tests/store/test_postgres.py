@@ -1,13 +1,10 @@
-"""The same store on a real PostgreSQL server (a throwaway cluster started here), so the
-"PostgreSQL by URL" claim is tested, not assumed. Skipped where PostgreSQL or psycopg is absent."""
+"""What only a real PostgreSQL server shows (the server of $ETUDE_TEST_POSTGRES_URL, a fresh
+database per test; skipped locally without one, required under CI): the registry and router,
+group commit under concurrency, and values SQLite would take but PostgreSQL refuses.
+The rest of the store's tests run on both backends (test_store.py)."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,49 +13,27 @@ from etude.errors import NotFound
 from etude.serve import registry as reg
 from etude.serve.router import Router
 from etude.store import open_store
-
-pytestmark = pytest.mark.slow
-
-
-def _tool(name: str) -> str | None:
-    for d in ("/usr/local/bin", "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin"):
-        if os.path.exists(f"{d}/{name}"):
-            return f"{d}/{name}"
-    return shutil.which(name)
+from tests.db_fixtures import fresh_postgres_database, postgres_server_url
 
 
-def _as_postgres(argv: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root; this machine's tests run as root.
-    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pg_url():
-    pytest.importorskip("psycopg")
-    initdb, pg_ctl = _tool("initdb"), _tool("pg_ctl")
-    if not initdb or not pg_ctl or (os.geteuid() == 0 and not shutil.which("runuser")):
-        pytest.skip("no PostgreSQL server binaries here")
-    data = tempfile.mkdtemp(prefix="etude-pg-")
-    if os.geteuid() == 0:
-        shutil.chown(data, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    subprocess.run(_as_postgres([initdb, "-D", data, "-A", "trust", "-U", "postgres"]), check=True,
-                   capture_output=True, timeout=120)
-    subprocess.run(_as_postgres([pg_ctl, "-D", data, "-w", "-l", f"{data}/log", "-o",
-                                 f"-p {port} -k {data} -c listen_addresses=127.0.0.1 -c fsync=on", "start"]),
-                   check=True, capture_output=True, timeout=120)
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(_as_postgres([pg_ctl, "-D", data, "-m", "immediate", "stop"]), capture_output=True, timeout=60)
-        shutil.rmtree(data, ignore_errors=True)
+    with fresh_postgres_database(postgres_server_url()) as url:
+        yield url
 
 
 def _rec(org: str, **kw):
     return {"org_id": org, "checkpoint": "tiny", "policy_version": 1, "prompt_token_ids": [1, 2],
             "completion_token_ids": [3], "logprobs": [-0.25], "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def test_the_store_really_runs_on_postgresql(pg_url):
+    store = open_store(pg_url)
+    assert store.engine.url.get_backend_name() == "postgresql" and not store.is_sqlite
+    with store.read() as conn:
+        assert conn.exec_driver_sql("show fsync").scalar() == "on"
+        assert conn.exec_driver_sql("show synchronous_commit").scalar() == "on"
+    store.close()
 
 
 def test_store_keys_interactions_feedback_and_group_commit_on_postgres(pg_url):
@@ -79,6 +54,21 @@ def test_store_keys_interactions_feedback_and_group_commit_on_postgres(pg_url):
     with pytest.raises(NotFound):
         store.log_feedback({"org_id": "globex", "interaction_id": iid, "kind": "accept"})
     assert [f["value"] for f in store.feedback(org="acme")] == [0.5]
+
+
+def test_a_record_postgresql_refuses_fails_only_its_own_caller(pg_url):
+    # NUL in text and an over-long varchar: fine in SQLite, errors in PostgreSQL (the server
+    # refuses such request bodies before they get here; this is the store's own guarantee)
+    store = open_store(pg_url)
+    good = store.submit([("interaction", _rec("acme"))])
+    nul = store.submit([("interaction", _rec("acme", messages=[{"role": "user", "content": "a\x00b"}]))])
+    long = store.submit([("interaction", _rec("acme", messages=[{"role": "tool", "content": "r",
+                                                                  "tool_call_id": "c" * 200}]))])
+    assert store.interaction("acme", good.result(timeout=60)[0])
+    for fut in (nul, long):
+        with pytest.raises(Exception):  # noqa: B017 - the driver's own error class
+            fut.result(timeout=60)
+    assert store.count_interactions("acme") == 1
 
 
 def test_registry_and_router_on_postgres(pg_url):

@@ -1,8 +1,8 @@
-"""The SQL store on a real SQLite file: migrations, durability settings, keys, org scoping."""
+"""The SQL store on both backends — a real SQLite file and a real PostgreSQL server (a fresh
+database each; see tests/db_fixtures.py): migrations, durability, keys, org scoping."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 
@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from etude.errors import EtudeError, NotFound
 from etude.store import open_store, resolve_url
+from etude.store import schema as t
 from etude.store.engine import current_revision, head_revision
 from etude.store.schema import metadata
 
@@ -23,7 +24,14 @@ def _rec(org: str = "acme", **kw):
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(db_url):
+    s = open_store(db_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
     s = open_store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     yield s
     s.close()
@@ -45,17 +53,18 @@ def test_open_migrates_to_head_and_the_migrated_schema_matches_schema_py(store):
         assert got == {c.name for c in table.columns}, table.name
 
 
-def test_sqlite_runs_wal_with_full_sync(store):
-    with store.read() as conn:
+def test_sqlite_runs_wal_with_full_sync(sqlite_store):
+    with sqlite_store.read() as conn:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
 
 
-def test_keys_are_stored_hashed_and_authenticate_to_their_org(store, tmp_path):
+def test_keys_are_stored_hashed_and_authenticate_to_their_org(store):
     key = store.create_key("acme", name="ci")
     assert store.authenticate(key) == "acme"
     assert store.authenticate(key + "x") is None and store.authenticate("garbage") is None
-    raw = sqlite3.connect(tmp_path / "db.sqlite").execute("select key_hash, id from api_keys").fetchall()
+    with store.read() as conn:
+        raw = [tuple(r) for r in conn.execute(sa.select(t.api_keys.c.key_hash, t.api_keys.c.id))]
     assert key not in str(raw) and key.split("_", 2)[2] not in str(raw)
     store.revoke_key("acme", key.split("_")[1])
     assert store.authenticate(key) is None
@@ -97,9 +106,9 @@ def test_bad_record_is_refused(store):
         store.log_interaction(_rec(not_a_column=1))
 
 
-def test_a_committed_write_survives_kill_9_of_the_writer(tmp_path):
+def test_a_committed_write_survives_kill_9_of_the_writer(db_url):
     """The writer process is SIGKILLed right after log_interaction returns; the row is there."""
-    url = f"sqlite:///{tmp_path / 'k.db'}"
+    url = db_url
     code = (
         "import os, signal, sys\n"
         "from etude.store import open_store\n"
@@ -132,3 +141,16 @@ def test_group_commit_shares_commits_and_isolates_a_bad_record(store):
     with pytest.raises(ValueError):
         bad.result(timeout=30)
     assert store.count_interactions("acme") == 41
+
+
+def test_processes_opening_a_fresh_database_at_once_migrate_it_once(db_url):
+    """Four processes open the same empty database together: all succeed, one schema results."""
+    code = f"from etude.store import open_store\nprint(open_store({db_url!r}).count_interactions('acme'))\n"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-500:] for _, err in outs]
+    assert [out.strip() for out, _ in outs] == ["0"] * 4
+    s = open_store(db_url)
+    assert current_revision(s.engine) == head_revision()
+    s.close()
