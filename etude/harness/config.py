@@ -8,9 +8,11 @@ from typing import Any
 
 from etude.errors import EtudeError
 
-# The tools an agent gets unless told otherwise. semantic_search is opt-in: it loads an
-# embedding model, which is slow on a CPU-only machine.
-DEFAULT_TOOLS: tuple[str, ...] = ("read_file", "edit_file", "write_file", "grep", "glob", "list_dir", "run_terminal")
+# The tools an agent gets unless told otherwise. semantic_search loads its embedding model only
+# when the agent first calls it (and reuses the template's index), so offering it costs nothing.
+DEFAULT_TOOLS: tuple[str, ...] = (
+    "read_file", "edit_file", "write_file", "grep", "glob", "list_dir", "run_terminal", "semantic_search",
+)
 
 # Tools that only read the workspace: consecutive calls to these run in parallel. Anything else
 # (edits, writes, commands) runs alone, in the order the model wrote it.
@@ -50,8 +52,14 @@ class HarnessConfig:
     `Generation.tool_calls` when present, else `<tool_call>` blocks parsed from the text."""
     max_observation_chars: int = 30000
     """A tool output longer than this is cut (head and tail kept) before the model sees it."""
+    tool_prompt: str = "compact"
+    """How tools are listed in the system prompt for text-format models: "compact" (one line per
+    tool: name, arguments with types, first sentence of the description) or "json" (each full JSON
+    schema). Training and serving must use the same value; every shipped config uses compact."""
 
     def __post_init__(self) -> None:
+        if self.tool_prompt not in ("compact", "json"):
+            raise EtudeError(f"tool_prompt must be compact or json, not {self.tool_prompt!r}")
         if self.tool_format not in ("auto", "openai", "hermes"):
             raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
         if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:

@@ -84,7 +84,8 @@ class _Episode:
         self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
         self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and bool(getattr(policy, "native_tools", False)))
         self.schemas = _schemas(cfg)
-        self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt, history=history)
+        self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt,
+                                       history=history, tool_prompt=cfg.tool_prompt)
         self.turns: list[Turn] = []
         self.stop: StopReason | None = None
         self.complete = False

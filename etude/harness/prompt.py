@@ -9,6 +9,7 @@ give byte-identical prompts. It does not check that schemas are valid JSON schem
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -39,16 +40,25 @@ Paths are relative to the repository root. Several independent tool calls may go
 When you are done, call `submit` with a short summary, or reply with your answer and no tool call."""
 
 
-def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]]) -> str:
+def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]], style: str = "compact") -> str:
     """System-prompt text that offers `tool_schemas` (OpenAI format) to a model without native
-    tool support, and says how to call them: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`."""
-    lines = [json.dumps(_function(s), sort_keys=True, ensure_ascii=False) for s in tool_schemas]
+    tool support, and says how to call them: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+
+    style "json" lists each schema as JSON; "compact" gives one line per tool,
+    `name(arg: type, optional?: type): first sentence of the description` — about a quarter of the
+    tokens, which is what a small model on a CPU can afford to read on every turn."""
+    if style == "compact":
+        lines = [_compact(_function(s)) for s in tool_schemas]
+        intro = "You can call these tools (arguments marked ? are optional):"
+    else:
+        lines = [json.dumps(_function(s), sort_keys=True, ensure_ascii=False) for s in tool_schemas]
+        intro = "You can call these tools. Their signatures, as JSON schema, one per line:"
     example = json.dumps({"name": "<tool name>", "arguments": {"<argument>": "<value>"}})
     return "\n".join(
         [
             "# Tools",
             "",
-            "You can call these tools. Their signatures, as JSON schema, one per line:",
+            intro,
             "<tools>",
             *lines,
             "</tools>",
@@ -61,6 +71,18 @@ def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]]) -> str:
             "The results come back in the next message.",
         ]
     )
+
+
+def _compact(fn: dict[str, Any]) -> str:
+    params = fn.get("parameters") or {}
+    required = set(params.get("required") or ())
+    args = ", ".join(
+        f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
+        for name, spec in (params.get("properties") or {}).items()
+    )
+    desc = (fn.get("description") or "").strip()
+    first = re.split(r"(?<!e\.g)(?<!i\.e)\.\s", desc)[0].rstrip(".")
+    return f"- {fn['name']}({args}): {first}." if first else f"- {fn['name']}({args})"
 
 
 def _function(schema: dict[str, Any]) -> dict[str, Any]:
@@ -76,12 +98,13 @@ def render_tool_calls_text(calls: Iterable[ToolCall]) -> str:
     )
 
 
-def system_prompt(tool_schemas: Sequence[dict[str, Any]], *, native_tools: bool, override: str | None = None) -> str:
+def system_prompt(tool_schemas: Sequence[dict[str, Any]], *, native_tools: bool, override: str | None = None,
+                  tool_prompt: str = "compact") -> str:
     """The system message: `override` or the default text, plus the tool block for text-format models."""
     base = override if override is not None else DEFAULT_SYSTEM_PROMPT
     if native_tools or not tool_schemas:
         return base
-    return f"{base}\n\n{render_tools_prompt(tool_schemas)}"
+    return f"{base}\n\n{render_tools_prompt(tool_schemas, tool_prompt)}"
 
 
 def build_messages(
@@ -91,10 +114,12 @@ def build_messages(
     native_tools: bool,
     system: str | None = None,
     history: Sequence[Message] = (),
+    tool_prompt: str = "compact",
 ) -> list[Message]:
     """The opening of an episode: system prompt, earlier conversation (`history`, without its
     own system message), then the user's request."""
-    msgs = [Message(role="system", content=system_prompt(tool_schemas, native_tools=native_tools, override=system))]
+    sys_text = system_prompt(tool_schemas, native_tools=native_tools, override=system, tool_prompt=tool_prompt)
+    msgs = [Message(role="system", content=sys_text)]
     msgs.extend(m for m in history if m.role != "system")
     msgs.append(Message(role="user", content=request))
     return msgs

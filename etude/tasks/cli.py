@@ -135,5 +135,36 @@ def build_suite_cmd(
     _emit(build_suite(out, package or None))
 
 
+@tasks_app.command("curriculum")
+def curriculum_cmd(
+    out: Annotated[Path, typer.Option("--out", help="JSONL file to write the tasks to.")],
+    packages: Annotated[str | None, typer.Option("--packages", help="NAME==V[,NAME==V...] or a file with one requirement a line.")] = None,
+    split: Annotated[str | None, typer.Option("--split", help="Instead of --packages: the built-in split train | validation | test.")] = None,
+    level: Annotated[int, typer.Option("--level", help="1: bug named by test, file and function; 2: failing tests only; 3: multi-site and mined.")] = 1,
+    max_tasks: Annotated[int | None, typer.Option("--max", help="Most tasks to produce.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for the order of mutation sites.")] = 0,
+) -> None:
+    """Validated curriculum tasks at one level, from packages or from the built-in split (cached)."""
+    from etude.errors import EtudeError
+    from etude.tasks.curriculum import LEVELS, build, builtin_curriculum, read_packages
+    from etude.tasks.schema import save_tasks
+
+    if level not in LEVELS:
+        raise EtudeError(f"--level must be 1, 2 or 3, not {level}")
+    if (packages is None) == (split is None):
+        raise EtudeError("give exactly one of --packages NAME==V[,...] or --split train|validation|test")
+    with _status(f"curriculum level {level}") as say:
+        if packages is not None:
+            tasks = build(read_packages(packages), level, max_tasks or 50, seed, progress=say)
+        else:
+            tasks = builtin_curriculum(split or "", level, seed, max_tasks, progress=say)
+    save_tasks(tasks, out)
+    by: dict[str, int] = {}
+    for t in tasks:
+        key = t.source.get("package", t.repo)
+        by[key] = by.get(key, 0) + 1
+    _emit({"out": str(out), "tasks": len(tasks), "level": level, "packages": by})
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(tasks_app, name="tasks")

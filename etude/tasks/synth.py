@@ -192,7 +192,10 @@ def _task(proto: Task, cand: Candidate, f2p: list[str], p2p: list[str], messages
         PASS_TO_PASS=tuple(p2p),
         strategy="synth:" + "+".join(cand.mutators),
         setup=setup,
-        meta={"file": cand.rel, "lines": list(cand.lines), "validated_runs": {"reference": 2, "mutant": 1}},
+        meta={"file": cand.rel, "lines": list(cand.lines), "validated_runs": {"reference": 2, "mutant": 1},
+              # the first line pytest printed for each failing test at base (curriculum statements quote it)
+              "failures": {t: (messages.get(t) or "").strip().splitlines()[0][:300] if messages.get(t) else ""
+                           for t in f2p[:5]}},
     )
 
 

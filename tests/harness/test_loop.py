@@ -22,8 +22,8 @@ def test_answer_ends_episode_and_prompt_offers_tools(ctx):
     t = run_agent(pol, "What does f return?", ctx)
     assert t.stop_reason == "answer" and len(t.turns) == 2 and t.final_message == "It returns 1."
     system = pol.seen[0][0]
-    assert system.role == "system" and "<tools>" in system.content and '"name": "read_file"' in system.content
-    assert '"name": "submit"' in system.content
+    assert system.role == "system" and "<tools>" in system.content and "- read_file(path: string" in system.content
+    assert "- submit(message?: string)" in system.content
     obs = pol.seen[1][-1]
     assert obs.role == "tool" and obs.tool_call_id == "call_0_0" and "return 1" in obs.content
     assert t.turns[0].tool_executions[0].result.ok and t.broken_calls == 0
@@ -52,7 +52,8 @@ def test_malformed_calls_are_observations_and_counted(ctx, ws):
         "Giving up.",
     ]
     pol = ScriptedPolicy(outputs)
-    t = run_agent(pol, "go", ctx)
+    no_search = HarnessConfig(tools=tuple(n for n in HarnessConfig().tools if n != "semantic_search"))
+    t = run_agent(pol, "go", ctx, no_search)
     assert t.stop_reason == "answer"
     first = t.turns[0]
     assert len(first.parse_errors) == 1 and "trailing comma" in first.parse_errors[0]
@@ -250,3 +251,12 @@ def test_trajectory_file_loads_back_into_objects(ctx, tmp_path):
     assert back.broken_calls == 1 and back.turns[2].generation.logprobs == (-0.5,) and back.meta["session_id"] == "s"
     with pytest.raises(EtudeError, match="no episode nope"):
         load_trajectory(path, "nope")
+
+
+def test_tool_prompt_json_lists_full_schemas(ctx):
+    """The json style keeps every schema verbatim (for models trained on it); compact is the default."""
+    pol = ScriptedPolicy(["It returns 1."])
+    run_agent(pol, "What does f return?", ctx, HarnessConfig(tool_prompt="json"))
+    assert '"name": "read_file"' in pol.seen[0][0].content
+    with pytest.raises(EtudeError):
+        HarnessConfig(tool_prompt="yaml")
