@@ -67,7 +67,7 @@ COMMAND_OWNERS = {
     "keys": "serve",
     "registry": "serve",
     "experiment": "serve",
-    "distill": "serve",
+    "distill": "loop",
     "ab": "experiments",
     "loop": "loop",
     "demo": "demo",

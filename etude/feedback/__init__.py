@@ -1,10 +1,12 @@
-"""Feedback from real use: signals (etude.feedback.signals), the client that reports them
-(etude.feedback.client) and distillation of interactions + feedback into scored samples.
+"""Feedback from real use: signals (etude.feedback.signals) and the client that reports them
+(etude.feedback.client). Distillation of interactions + feedback into scored samples is the
+loop's (etude.loop.distill); the reward terms that read these signals are the rewards'
+(etude.rewards.production).
 
 ```python
-from etude.feedback import distill, DistillConfig, report_feedback, measure_edit_persistence
+from etude.feedback import report_feedback, measure_edit_persistence, edits_from_trajectory
 ```
-Imports here stay light (no torch, no SQLAlchemy): the reward terms import `signals` through it.
+Imports here stay light (no torch, no SQLAlchemy).
 """
 
 from etude.feedback.client import (
@@ -16,19 +18,13 @@ from etude.feedback.client import (
     report_feedback,
     report_latency,
 )
-from etude.feedback.distill import DistillConfig, DistillResult, ScoredSample, distill, to_trajectory
 
 __all__ = [
     "AgentWrite",
-    "DistillConfig",
-    "DistillResult",
     "PersistenceReport",
-    "ScoredSample",
-    "distill",
     "edits_from_trajectory",
     "measure_edit_persistence",
     "report_edit_persistence",
     "report_feedback",
     "report_latency",
-    "to_trajectory",
 ]

@@ -1,4 +1,5 @@
-"""`etude loop --config FILE`: run (or resume) real-time RL cycles. Logic lives in etude.loop."""
+"""`etude loop --config FILE`: run (or resume) real-time RL cycles; `etude distill`: one org's
+interactions + feedback -> scored samples. Logic lives in etude.loop."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from typing import Annotated
 
 import typer
 
+from etude.errors import EtudeError
+from etude.loop import LoopConfig, run_cycle
+from etude.loop.distill import DistillConfig
+from etude.loop.distill import distill as run_distill
+from etude.store import open_store
+
 
 def loop(
     config: Annotated[Path, typer.Option("--config", help="loop TOML (see configs/loop_tiny.toml, docs/loop.md)")],
@@ -16,9 +23,6 @@ def loop(
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress output")] = False,
 ) -> None:
     """Run one real-time RL cycle (resuming an unfinished one) and print its report as JSON."""
-    from etude.errors import EtudeError
-    from etude.loop import LoopConfig, run_cycle
-
     if cycles < 1:
         raise EtudeError("--cycles must be at least 1")
     if cycle_dir is not None and cycles != 1:
@@ -29,5 +33,23 @@ def loop(
         print(json.dumps(report.to_dict(), indent=1, default=str))
 
 
+def distill(
+    org: Annotated[str, typer.Option("--org")],
+    out: Annotated[Path, typer.Option("--out", help="JSONL file of scored samples")],
+    since: Annotated[float | None, typer.Option("--since", help="epoch seconds")] = None,
+    until: Annotated[float | None, typer.Option("--until", help="epoch seconds")] = None,
+    max_staleness: Annotated[int, typer.Option("--max-staleness", help="policy versions behind production allowed")] = 2,
+    db: Annotated[str | None, typer.Option("--db", help="store URL (default $ETUDE_DB, then sqlite:///~/.etude/etude.db)")] = None,
+) -> None:
+    """Interactions + feedback of ORG -> scored samples (token ids, behaviour log-probs, rewards)."""
+    res = run_distill(open_store(db), org, (since, until), DistillConfig(max_staleness=max_staleness))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as fh:
+        for s in res:
+            fh.write(json.dumps(s.to_dict()) + "\n")
+    print(json.dumps(res.summary(), indent=2, default=str))
+
+
 def register(app: typer.Typer) -> None:
     app.command("loop")(loop)
+    app.command("distill")(distill)

@@ -2,7 +2,7 @@
 readout → decide (promote or roll back). Read `run_cycle`, then one function per stage.
 
 - collect:  traffic to production only (no experiment), window [since, until) of the org.
-- distill:  etude.feedback.distill of that window → `samples.jsonl` (token ids, behaviour
+- distill:  etude.loop.distill of that window → `samples.jsonl` (token ids, behaviour
             log-probs, rewards); too few samples ends the cycle with decision "skip".
 - train:    etude.loop.training from the production checkpoint's weights → a model directory.
 - eval:     etude.evals.run_eval of production and candidate on the held-out suite, then
@@ -216,7 +216,7 @@ class _Cycle:
         self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions))
 
     def stage_distill(self) -> None:
-        from etude.feedback import DistillConfig, distill
+        from etude.loop.distill import DistillConfig, distill
 
         c = self.state.stage("collect")["outputs"]
         dc = DistillConfig(max_staleness=self.cfg.distill.max_staleness,

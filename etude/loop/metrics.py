@@ -2,7 +2,7 @@
 indicators per arm, and the alarms that compare them.
 
 Every figure is read back from what the server logged (interactions, their request messages and
-feedback events), through `etude.feedback.distill.to_trajectory` so a tool call's failure is
+feedback events), through `etude.loop.distill.to_trajectory` so a tool call's failure is
 read exactly as distillation reads it. Metrics (ratio of per-user sums, numerator / denominator):
 
 | metric | numerator | denominator | better |
@@ -33,7 +33,7 @@ ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> a
 
 def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str, Any]]:
     """One dict per interaction of the experiment: user, arm, and the per-interaction counts."""
-    from etude.feedback.distill import to_trajectory
+    from etude.loop.distill import to_trajectory
     from etude.rewards.terms import asks_question, is_edit
 
     rows = store.interactions(org=org, experiment_id=experiment_id, with_messages=True)

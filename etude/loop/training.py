@@ -30,7 +30,7 @@ def _train_config(base: str, section: Any, temperature: float, seed: int) -> Any
 
 
 def load_episodes(samples_path: Path) -> list[Any]:
-    from etude.feedback.distill import ScoredSample  # noqa: F401 - the file holds ScoredSample.to_dict()
+    from etude.loop.distill import ScoredSample  # noqa: F401 - the file holds ScoredSample.to_dict()
     from etude.train.envs import Episode, TurnSample
 
     eps = []

@@ -165,32 +165,8 @@ def _arm(spec: str) -> tuple[str, str, float]:
         raise EtudeError(f"bad --arm {spec!r}: use NAME=CHECKPOINT:WEIGHT, e.g. canary=v2:0.1") from None
 
 
-def _distill(app: typer.Typer) -> None:
-    @app.command("distill")
-    def distill_cmd(
-        org: str = typer.Option(..., "--org"),
-        out: str = typer.Option(..., "--out", help="JSONL file of scored samples"),
-        since: float | None = typer.Option(None, "--since", help="epoch seconds"),
-        until: float | None = typer.Option(None, "--until", help="epoch seconds"),
-        max_staleness: int = typer.Option(2, "--max-staleness", help="policy versions behind production allowed"),
-        db: str | None = DB,
-    ) -> None:
-        """Interactions + feedback of ORG -> scored samples (token ids, behaviour log-probs, rewards)."""
-        from pathlib import Path
-
-        from etude.feedback import DistillConfig, distill
-
-        res = distill(_store(db), org, (since, until), DistillConfig(max_staleness=max_staleness))
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w") as fh:
-            for s in res:
-                fh.write(json.dumps(s.to_dict()) + "\n")
-        _print(res.summary())
-
-
 def register(app: typer.Typer) -> None:
     _serve_command(app)
-    _distill(app)
     _keys(app)
     _registry(app)
     _experiment(app)

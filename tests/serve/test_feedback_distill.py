@@ -8,14 +8,8 @@ import openai
 import pytest
 
 from etude.errors import EtudeError
-from etude.feedback import (
-    AgentWrite,
-    DistillConfig,
-    distill,
-    measure_edit_persistence,
-    report_edit_persistence,
-    report_feedback,
-)
+from etude.feedback import AgentWrite, measure_edit_persistence, report_edit_persistence, report_feedback
+from etude.loop.distill import DistillConfig, distill
 from etude.serve import registry
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]

@@ -4,7 +4,7 @@
 res = distill(store, "acme", window=(t0, t1), config=DistillConfig(max_staleness=2))
 res.samples          # list[ScoredSample]: token ids, behaviour log-probs, policy version, RewardBreakdown
 res.excluded_stale   # interactions left out because their checkpoint is too old (also per checkpoint)
-[s.to_episode() for s in res]   # etude.train.envs.Episode, what the learner consumes
+[s.to_episode() for s in res]   # etude.types.Episode, what the learner consumes
 ```
 
 Each interaction becomes a one-turn `Trajectory` (the request messages, the answer, the turn's
@@ -30,12 +30,26 @@ a call whose result never came back is not counted as broken.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from etude.types import Generation, Message, RewardBreakdown, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
+from etude.rewards import RewardConfig, score
+from etude.serve.registry import production
+from etude.types import (
+    Episode,
+    Generation,
+    Message,
+    RewardBreakdown,
+    ToolCall,
+    ToolExecution,
+    ToolResult,
+    Trajectory,
+    Turn,
+    TurnSample,
+)
 
 
 @dataclass
@@ -69,10 +83,8 @@ class ScoredSample:
     arm: str | None = None
     created_at: float = 0.0
 
-    def to_episode(self) -> Any:
-        """The learner's `etude.train.envs.Episode` (imported lazily: it pulls in torch)."""
-        from etude.train.envs import Episode, TurnSample
-
+    def to_episode(self) -> Episode:
+        """The learner's `etude.types.Episode`."""
         turn = TurnSample(list(self.prompt_token_ids), list(self.completion_token_ids), list(self.behaviour_logprobs))
         return Episode(problem_id=self.interaction_id, family="production", reward=self.reward.total,
                        terms=dict(self.reward.terms), resolved=False, turns=[turn], policy_version=self.policy_version,
@@ -114,8 +126,6 @@ class DistillResult:
 def distill(store: Any, org: str, window: tuple[float | None, float | None] | None = None,
             config: DistillConfig | None = None) -> DistillResult:
     """Score every interaction of `org` in `window` (since, until) (see module docstring)."""
-    from etude.rewards import RewardConfig, score
-
     cfg = config or DistillConfig()
     since, until = window or (None, None)
     rows = store.interactions(org=org, since=since, until=until, with_messages=True)
@@ -141,8 +151,6 @@ def distill(store: Any, org: str, window: tuple[float | None, float | None] | No
 def _reference_version(store: Any, org: str, rows: Sequence[dict[str, Any]], cfg: DistillConfig) -> int | None:
     if cfg.reference_version is not None:
         return cfg.reference_version
-    from etude.serve.registry import production
-
     prod = production(store, org)
     if prod is not None:
         return prod.version
@@ -214,8 +222,6 @@ def to_trajectory(row: dict[str, Any], events: Sequence[dict[str, Any]], results
 
 
 def _call(c: dict[str, Any]) -> ToolCall:
-    import json
-
     fn = c.get("function", {})
     args = fn.get("arguments", "{}")
     return ToolCall(id=c["id"], name=fn.get("name", ""), arguments=json.loads(args) if isinstance(args, str) else args)
