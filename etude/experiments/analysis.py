@@ -26,7 +26,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,9 +52,33 @@ class Guardrail:
 class ABConfig:
     alpha: float = 0.05  # two-sided level for intervals, z-test and mSPRT
     weights: tuple[float, float] = (0.5, 0.5)  # expected share of users in control, treatment
-    tau_rel: float = 0.1  # mSPRT mixture sd as a share of the control ratio (effect size of interest)
+    mde: float | None = None  # relative minimum detectable effect the mSPRT is tuned for (etude.experiments.power)
+    power: float = 0.8  # fixed-horizon power the experiment is planned for (with mde)
+    tau_rel: float | None = None  # mSPRT mixture sd / control ratio; None: tuned for mde (0.1 without an mde)
     looks: int = 20  # number of interim looks the running mSPRT minimum is taken over
     guardrails: tuple[Guardrail, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha < 0.5:
+            raise EtudeError(f"alpha must be in (0, 0.5), got {self.alpha}")
+        if self.looks < 1:
+            raise EtudeError(f"looks must be >= 1, got {self.looks}")
+        if self.tau_rel is not None and not self.tau_rel > 0:
+            raise EtudeError(f"tau_rel must be positive, got {self.tau_rel}")
+        if self.mde is not None:
+            from etude.experiments.power import tau_rel_for
+
+            tau_rel_for(self.mde, self.alpha, self.power)  # validates mde and power
+
+    def effective_tau_rel(self) -> float:
+        """τ/R of the mSPRT: given, or tuned for `mde` at the planned size, or 0.1 (tuned for a ~10% lift)."""
+        if self.tau_rel is not None:
+            return self.tau_rel
+        if self.mde is not None:
+            from etude.experiments.power import tau_rel_for
+
+            return tau_rel_for(self.mde, self.alpha, self.power)
+        return 0.1
 
 
 @dataclass(frozen=True)
@@ -105,26 +128,6 @@ def _check_row(r: dict[str, Any], path: Path, i: int) -> dict[str, Any]:
     if out["denominator"] < 0:
         raise EtudeError(f"{path}: row {i}: denominator must be non-negative")
     return out
-
-
-def _totals(rows: list[dict[str, Any]]) -> tuple[dict[str, UserTotals], list[str]]:
-    """Aggregate rows to per-user sums for each arm; returns totals and users in first-seen order."""
-    acc: dict[str, dict[str, list[float]]] = {a: defaultdict(lambda: [0.0, 0.0, 0.0, 0.0]) for a in ARMS}
-    has_pre = all("pre_numerator" in r and "pre_denominator" in r for r in rows)
-    for r in rows:
-        s = acc[r["arm"]][str(r["user_id"])]
-        s[0] += r["numerator"]
-        s[1] += r["denominator"]
-        if has_pre:
-            s[2] += r["pre_numerator"]
-            s[3] += r["pre_denominator"]
-    out = {}
-    for arm in ARMS:
-        vals = np.array(list(acc[arm].values()), dtype=float).reshape(-1, 4)
-        out[arm] = UserTotals(
-            vals[:, 0], vals[:, 1], vals[:, 2] if has_pre else None, vals[:, 3] if has_pre else None
-        )
-    return out, list(dict.fromkeys(str(r["user_id"]) for r in rows))
 
 
 def ratio_and_var(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
@@ -192,22 +195,117 @@ def msprt_p(diff: float, var: float, tau2: float) -> float:
     return float(min(1.0, math.exp(-log_lam)))
 
 
+def msprt_halfwidth(var: float, tau2: float, alpha: float) -> float:
+    """Half-width of the always-valid interval of one look: the shifts Δ0 the mSPRT does not reject,
+    |d − Δ0| < sqrt(V(V+τ²)/τ² · (2·log(1/α) + log((V+τ²)/V)))."""
+    if not (var > 0):
+        return math.inf
+    return math.sqrt(var * (var + tau2) / tau2 * (2 * math.log(1 / alpha) + math.log((var + tau2) / var)))
+
+
+@dataclass(frozen=True)
+class MetricArrays:
+    """One metric's rows as arrays in look order (`ts`, else file order); `group` indexes the
+    (arm, user) pairs, `group_treat` says which pairs are in the treatment arm."""
+
+    group: np.ndarray  # [rows] int
+    num: np.ndarray  # [rows]
+    den: np.ndarray  # [rows]
+    group_treat: np.ndarray  # [groups] bool
+    pre_num: np.ndarray | None = None  # [rows]
+    pre_den: np.ndarray | None = None
+
+    @classmethod
+    def from_rows(cls, rows: list[dict[str, Any]], metric: str) -> MetricArrays:
+        mrows = [r for r in rows if r["metric"] == metric]
+        if any("ts" in r for r in mrows):
+            mrows = sorted(mrows, key=lambda r: float(r.get("ts", 0)))
+        has_pre = bool(mrows) and all("pre_numerator" in r and "pre_denominator" in r for r in mrows)
+        index: dict[tuple[str, str], int] = {}
+        group = np.array([index.setdefault((r["arm"], str(r["user_id"])), len(index)) for r in mrows], dtype=np.int64)
+        treat = np.zeros(len(index), dtype=bool)
+        for (arm, _), g in index.items():
+            treat[g] = arm == "treatment"
+        col = lambda k: np.array([float(r[k]) for r in mrows], dtype=float)  # noqa: E731
+        return cls(group, col("numerator"), col("denominator"), treat,
+                   col("pre_numerator") if has_pre else None, col("pre_denominator") if has_pre else None)
+
+    def totals(self, upto: int | None = None) -> dict[str, UserTotals]:
+        """Per-user sums of the first `upto` rows, per arm (users not seen yet are left out)."""
+        g = self.group if upto is None else self.group[:upto]
+        k = len(self.group_treat)
+        seen = np.bincount(g, minlength=k) > 0
+        sums = [np.bincount(g, weights=(x if upto is None else x[:upto]), minlength=k) if x is not None else None
+                for x in (self.num, self.den, self.pre_num, self.pre_den)]
+        out = {}
+        for arm, mask in (("control", seen & ~self.group_treat), ("treatment", seen & self.group_treat)):
+            out[arm] = UserTotals(*(s[mask] if s is not None else None for s in sums))
+        return out
+
+
+@dataclass(frozen=True)
+class Looks:
+    """Per interim look: rows seen, control/treatment ratios and variances (raw, no CUPED)."""
+
+    rows: np.ndarray
+    c: np.ndarray
+    vc: np.ndarray
+    t: np.ndarray
+    vt: np.ndarray
+
+    def msprt_p(self, tau_rel: float) -> np.ndarray:
+        """mSPRT p-value at each look (τ = tau_rel × that look's control ratio)."""
+        return np.array([msprt_p(t - c, vc + vt, _tau2(tau_rel, c)) if math.isfinite(c) and math.isfinite(t) else 1.0
+                         for c, vc, t, vt in zip(self.c, self.vc, self.t, self.vt, strict=True)])
+
+    def z_p(self) -> np.ndarray:
+        """The fixed-horizon z-test's p-value of the relative lift at each look (valid at one look only)."""
+        out = []
+        for c, vc, t, vt in zip(self.c, self.vc, self.t, self.vt, strict=True):
+            if not (math.isfinite(c) and math.isfinite(t)) or c == 0:
+                out.append(1.0)
+                continue
+            lift, var = relative_lift(c, vc, t, vt)
+            out.append(float(2 * stats.norm.sf(abs(lift) / math.sqrt(var))) if var > 0 else float(lift == 0))
+        return np.array(out)
+
+
+def _tau2(tau_rel: float, c: float) -> float:
+    return (tau_rel * c) ** 2 if c != 0 else tau_rel**2
+
+
+def sequential_looks(arr: MetricArrays, looks: int) -> Looks:
+    """The interim looks: after each of `looks` equal shares of the rows in look order."""
+    n = len(arr.group)
+    cuts = sorted({max(1, round(n * (k + 1) / looks)) for k in range(looks)}) if n else []
+    vals = []
+    for cut in cuts:
+        tot = arr.totals(cut)
+        (c, vc), (t, vt) = (ratio_and_var(tot[a].num, tot[a].den) for a in ARMS)
+        vals.append((cut, c, vc, t, vt))
+    cols = list(zip(*vals, strict=True)) if vals else [[]] * 5
+    return Looks(*(np.array(x, dtype=float) for x in cols))
+
+
 def sequential_msprt_p(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> float:
     """Running minimum of the mSPRT p-value over `cfg.looks` interim looks in time order."""
-    mrows = [r for r in rows if r["metric"] == metric]
-    if any("ts" in r for r in mrows):
-        mrows = sorted(mrows, key=lambda r: float(r.get("ts", 0)))
-    p = 1.0
-    n = len(mrows)
-    cuts = sorted({max(1, round(n * (k + 1) / cfg.looks)) for k in range(cfg.looks)})
-    for cut in cuts:
-        tot, _ = _totals(mrows[:cut])
-        (c, vc), (t, vt) = (ratio_and_var(tot[a].num, tot[a].den) for a in ARMS)
-        if not (math.isfinite(c) and math.isfinite(t)):
+    p = sequential_looks(MetricArrays.from_rows(rows, metric), cfg.looks).msprt_p(cfg.effective_tau_rel())
+    return float(p.min()) if len(p) else 1.0
+
+
+def always_valid_interval(lk: Looks, tau_rel: float, alpha: float) -> tuple[float, float]:
+    """Intersection over the looks of the mSPRT's always-valid intervals of the relative lift
+    (each look's interval of t − c divided by that look's control ratio)."""
+    low, high = -math.inf, math.inf
+    for c, vc, t, vt in zip(lk.c, lk.vc, lk.t, lk.vt, strict=True):
+        if not (math.isfinite(c) and math.isfinite(t)) or c <= 0 or not (vc + vt > 0):
             continue
-        tau2 = (cfg.tau_rel * c) ** 2 if c != 0 else cfg.tau_rel**2
-        p = min(p, msprt_p(t - c, vc + vt, tau2))
-    return p
+        h = msprt_halfwidth(vc + vt, _tau2(tau_rel, c), alpha)
+        low, high = max(low, (t - c - h) / c), min(high, (t - c + h) / c)
+    if low > high:  # possible only by chance (the intersection of valid intervals is still valid)
+        mid = (low + high) / 2
+        low = high = mid
+    return low, high
 
 
 def srm_p(users_per_arm: dict[str, int], weights: tuple[float, float]) -> float:
@@ -221,8 +319,12 @@ def srm_p(users_per_arm: dict[str, int], weights: tuple[float, float]) -> float:
 
 def analyze_metric(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> dict[str, Any]:
     """Everything the readout says about one metric."""
-    mrows = [r for r in rows if r["metric"] == metric]
-    tot, _ = _totals(mrows)
+    return analyze_arrays(MetricArrays.from_rows(rows, metric), cfg)
+
+
+def analyze_arrays(arr: MetricArrays, cfg: ABConfig, looks: Looks | None = None) -> dict[str, Any]:
+    """`analyze_metric` on one metric's arrays (what bench/ab_simulation.py calls directly)."""
+    tot = arr.totals()
     (c, vc), (t, vt) = (ratio_and_var(tot[a].num, tot[a].den) for a in ARMS)
     out: dict[str, Any] = {"users": {a: int(len(tot[a].num)) for a in ARMS}}
     if not (math.isfinite(c) and math.isfinite(t)) or c == 0:
@@ -240,8 +342,13 @@ def analyze_metric(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> di
     z = stats.norm.ppf(1 - cfg.alpha / 2)
     se = math.sqrt(var)
     p = float(2 * stats.norm.sf(abs(lift) / se)) if se > 0 else (0.0 if lift != 0 else 1.0)
+    lk = looks if looks is not None else sequential_looks(arr, cfg.looks)
+    tau_rel = cfg.effective_tau_rel()
+    mp = lk.msprt_p(tau_rel)
+    av_low, av_high = always_valid_interval(lk, tau_rel, cfg.alpha)
     out.update(control=c, treatment=t, delta=lift, ci_low=lift - z * se, ci_high=lift + z * se, p_value=p,
-               msprt_p=sequential_msprt_p(rows, metric, cfg), cuped=cuped)
+               msprt_p=float(mp.min()) if len(mp) else 1.0, msprt_ci_low=_num(av_low), msprt_ci_high=_num(av_high),
+               msprt_tau_rel=tau_rel, looks=int(len(mp)), cuped=cuped)
     return out
 
 

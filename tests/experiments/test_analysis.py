@@ -12,7 +12,7 @@ from etude.errors import EtudeError
 from etude.experiments.analysis import ABConfig, Guardrail, analyze, load_events, msprt_p, ratio_and_var, srm_p
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[2] / "bench"))
-from ab_simulation import simulate_rows  # noqa: E402
+from ab_simulation import simulate_arrays, simulate_rows  # noqa: E402
 
 
 def test_ratio_delta_method_matches_bootstrap():
@@ -65,9 +65,11 @@ def test_srm_detects_mismatch():
 
 def test_aa_false_positive_rate_of_sequential_test_is_at_most_alpha():
     """200 A/A experiments peeking at 10 looks each (bench/ab_simulation.py runs 1,000)."""
+    from etude.experiments.analysis import analyze_arrays
+
     rng = np.random.default_rng(7)
     cfg = ABConfig(looks=10)
-    rejections = sum(analyze(simulate_rows(rng, 300, 0.0), cfg)["metrics"]["m"]["msprt_p"] < 0.05 for _ in range(200))
+    rejections = sum(analyze_arrays(simulate_arrays(rng, 300, 0.0), cfg)["msprt_p"] < 0.05 for _ in range(200))
     # alpha=0.05: the expected count is at most 10; 18 is beyond the binomial 99.5% quantile.
     assert rejections <= 18
 
