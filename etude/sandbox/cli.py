@@ -8,6 +8,9 @@ from typing import Annotated
 
 import typer
 
+from etude.errors import EtudeError
+from etude.sandbox import SandboxConfig, run_passthrough
+
 sandbox_app = typer.Typer(help="Run commands isolated (bubblewrap) in a workspace.", no_args_is_help=True)
 
 
@@ -39,8 +42,6 @@ def exec_cmd(
     ] = False,
 ) -> None:
     """Run CMD isolated with the workspace at /workspace; exit with CMD's status (124 on timeout)."""
-    from etude.sandbox import SandboxConfig, run_passthrough
-
     binds, prepend = list(ro_bind or ()), list(path_prepend or ())
     if venv is not None:
         binds.append(str(venv.absolute()))
@@ -60,8 +61,6 @@ def exec_cmd(
 
 
 def _validate(timeout: float, memory_mb: int) -> None:
-    from etude.errors import EtudeError
-
     if timeout <= 0:
         raise EtudeError(f"--timeout must be positive, got {timeout}")
     if memory_mb < 0:
@@ -75,8 +74,6 @@ def register(app: typer.Typer) -> None:
 def main() -> None:
     """`python -m etude.sandbox.cli exec ...`: the same command without loading every component's
     CLI (the full `etude` app imports them all, which is slow on a busy machine)."""
-    from etude.errors import EtudeError
-
     try:
         sandbox_app()
     except EtudeError as e:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from etude.errors import EtudeError
+
 Backend = Literal["bwrap", "unsandboxed"]
 
 
@@ -52,3 +54,16 @@ class SandboxConfig:
         """This config as a session sandbox where one is possible (bwrap with the interpreter
         bound): what an agent's terminal uses within one episode. Graders keep `run`."""
         return replace(self, session=self.backend == "bwrap" and self.bind_interpreter)
+
+
+def validate(cfg: SandboxConfig) -> None:
+    """Refuse a config bwrap or the kernel would reject with an obscure message."""
+    for name in ("memory_mb", "address_space_mb", "cpu_s", "file_size_mb", "open_files", "max_procs", "tmp_mb"):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise EtudeError(f"sandbox: {name} must be a non-negative integer or None, got {value!r}")
+    if cfg.max_output_bytes <= 0:
+        raise EtudeError(f"sandbox: max_output_bytes must be positive, got {cfg.max_output_bytes}")
+    for key, val in cfg.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in str(val):
+            raise EtudeError(f"sandbox: invalid environment variable {key!r}")

@@ -9,17 +9,14 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from etude.errors import EtudeError
 from etude.protocols import ExecResult
-from etude.sandbox.bwrap import bwrap_argv, inside_path
-from etude.sandbox.config import SandboxConfig
+from etude.sandbox.bwrap import bwrap_argv, bwrap_exe, inside_path, ro_bind_paths
+from etude.sandbox.config import SandboxConfig, validate
 from etude.sandbox.limits import Cgroup, launcher_prefix
 from etude.sandbox.process import TIMEOUT_STATUS, kill_tree, spawn_and_wait
-
-if TYPE_CHECKING:
-    from etude.sandbox.session import SessionSandbox
+from etude.sandbox.session import SessionSandbox
 
 _LAUNCHER_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 _warned = threading.Event()
@@ -35,19 +32,6 @@ def _check(argv: Sequence[str], workspace: Path, cfg: SandboxConfig) -> Path:
         raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
     validate(cfg)
     return ws.resolve()
-
-
-def validate(cfg: SandboxConfig) -> None:
-    """Refuse a config bwrap or the kernel would reject with an obscure message."""
-    for name in ("memory_mb", "address_space_mb", "cpu_s", "file_size_mb", "open_files", "max_procs", "tmp_mb"):
-        value = getattr(cfg, name)
-        if value is not None and (not isinstance(value, int) or value < 0):
-            raise EtudeError(f"sandbox: {name} must be a non-negative integer or None, got {value!r}")
-    if cfg.max_output_bytes <= 0:
-        raise EtudeError(f"sandbox: max_output_bytes must be positive, got {cfg.max_output_bytes}")
-    for key, val in cfg.env.items():
-        if not key or "=" in key or "\0" in key or "\0" in str(val):
-            raise EtudeError(f"sandbox: invalid environment variable {key!r}")
 
 
 def _warn_unsandboxed() -> None:
@@ -153,8 +137,6 @@ def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapS
         raise EtudeError(f"sandbox: workspace is not a directory: {ws}")
     validate(cfg)
     if cfg.backend == "bwrap":
-        from etude.sandbox.bwrap import bwrap_exe, ro_bind_paths
-
         bwrap_exe()
         ro_bind_paths(cfg)
     elif cfg.backend == "unsandboxed":
@@ -162,8 +144,6 @@ def make_sandbox(workspace: Path, config: SandboxConfig | None = None) -> BwrapS
     else:
         raise EtudeError(f"sandbox: unknown backend {cfg.backend!r} (use 'bwrap' or 'unsandboxed')")
     if cfg.session:
-        from etude.sandbox.session import SessionSandbox
-
         return SessionSandbox(ws.resolve(), cfg)
     return BwrapSandbox(workspace=ws.resolve(), config=cfg)
 

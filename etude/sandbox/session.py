@@ -45,7 +45,7 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.protocols import ExecResult
 from etude.sandbox.bwrap import bwrap_argv, interpreter_prefix
-from etude.sandbox.config import SandboxConfig
+from etude.sandbox.config import SandboxConfig, validate
 from etude.sandbox.limits import Cgroup, launcher_prefix
 from etude.sandbox.process import TIMEOUT_STATUS, kill_tree
 
@@ -194,8 +194,6 @@ class SessionSandbox:
     def __init__(self, workspace: Path, config: SandboxConfig) -> None:
         if config.backend != "bwrap" or not config.bind_interpreter:
             raise EtudeError("session sandboxes need backend='bwrap' and bind_interpreter=True")
-        from etude.sandbox.runner import validate
-
         validate(config)
         if not Path(workspace).is_dir():
             raise EtudeError(f"sandbox: workspace is not a directory: {workspace}")
