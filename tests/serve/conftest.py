@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from etude.types import Generation, Message
+from tests.db_fixtures import db_url  # noqa: F401  (test_durability runs on SQLite and PostgreSQL)
 
 TOOL_CALL = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
 BROKEN_CALL = '<tool_call>{"name": "read_file", "arguments": {"path": </tool_call>'

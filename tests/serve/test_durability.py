@@ -1,5 +1,6 @@
 """`etude serve --model tiny` as a real subprocess with the real tiny model: the openai client
-against it, then `kill -9` under load and a restart: every request that got a 200 has its record."""
+against it, then `kill -9` under load and a restart: every request that got a 200 has its record.
+Runs on both backends: SQLite, and a real PostgreSQL server (tests/db_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ def _fire(base: str, key: str, stop: threading.Event, acked: list[tuple[str, str
 
 
 @pytest.mark.slow
-def test_tiny_model_over_openai_client_and_kill_9_loses_no_acknowledged_record(tmp_path):
-    db = f"sqlite:///{tmp_path / 'etude.db'}"
+def test_tiny_model_over_openai_client_and_kill_9_loses_no_acknowledged_record(tmp_path, db_url):
+    db = db_url
     key = open_store(db).create_key("acme")
     port = _free_port()
     base = f"http://127.0.0.1:{port}/v1"
