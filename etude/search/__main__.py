@@ -9,6 +9,7 @@ import json
 import sys
 
 from etude.errors import EtudeError
+from etude.search import SearchConfig, open_index
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from etude.search import SearchConfig, open_index
-
     idx = open_index(args.dir, config=SearchConfig(embedder=args.embedder, progress=args.cmd == "index"))
     stats = idx.refresh()
     if args.cmd == "index":

@@ -27,6 +27,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from etude.errors import EtudeError
+from etude.search.lexical import term_id, tokenize
 
 DEFAULT_EMBEDDER = "minilm"
 
@@ -103,8 +104,6 @@ class HashingEmbedder:
         self.id = f"hash/{dim}"
 
     def embed(self, texts: Sequence[str], *, query: bool = False) -> np.ndarray:
-        from etude.search.lexical import term_id, tokenize
-
         out = np.zeros((len(texts), self.dim), np.float32)
         for i, text in enumerate(texts):
             for term in tokenize(text):

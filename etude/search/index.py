@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from etude.errors import EtudeError
+from etude.paths import cache
 from etude.search.chunking import Chunk, chunk_file
 from etude.search.embed import Embedder, get_embedder
 from etude.search.lexical import term_counts
@@ -86,8 +87,6 @@ class RefreshStats:
 
 
 def cache_root() -> Path:
-    from etude.paths import cache
-
     return cache() / "search"
 
 

@@ -17,6 +17,8 @@ from typing import Annotated
 import typer
 
 from etude.errors import EtudeError
+from etude.protocols import ToolContext
+from etude.tools import available, get_tool, run_tool, tool_schemas
 
 
 def _parse_args(text: str) -> dict:
@@ -45,9 +47,6 @@ def register(app: typer.Typer) -> None:
         schema: Annotated[bool, typer.Option("--schema", help="print the tool's JSON schema, do not run it")] = False,
     ) -> None:
         """Run one agent tool on a workspace and print {"ok", "output", "error", "meta"} as JSON."""
-        from etude.protocols import ToolContext
-        from etude.tools import available, get_tool, run_tool, tool_schemas
-
         if schema and name == "all":
             print(json.dumps(tool_schemas(), indent=2))  # OpenAI format, every available tool
             return

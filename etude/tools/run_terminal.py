@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from etude.protocols import ExecResult, Sandbox, ToolContext
+from etude.sandbox import SandboxConfig, make_sandbox
 from etude.tools.base import BaseTool, ToolError, config_of, function_schema, truncate_middle
 from etude.tools.paths import workspace_root
 from etude.types import ToolResult
@@ -66,8 +67,6 @@ class RunTerminal(BaseTool):
 
 
 def _default_sandbox(ctx: ToolContext) -> Sandbox:
-    from etude.sandbox import SandboxConfig, make_sandbox  # lazily: only commands need the sandbox
-
     config = ctx.extra.get("sandbox_config") if ctx.extra else None
     return make_sandbox(workspace_root(ctx.workspace), config if isinstance(config, SandboxConfig) else SandboxConfig())
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.protocols import ToolContext
+from etude.search import SearchConfig, open_index
 from etude.tools.base import BaseTool, ToolError, function_schema
 from etude.types import ToolResult
 
@@ -68,8 +69,6 @@ class SemanticSearch(BaseTool):
 
     def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         query, k = _check_args(args)
-        from etude.search import SearchConfig, open_index
-
         extra = ctx.extra or {}
         cfg = extra.get("search_config")
         try:
