@@ -20,7 +20,7 @@ from typing import Any
 
 from etude.errors import EtudeError, NotFound
 from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
-from etude.serve.batcher import Batcher, Job
+from etude.policy.batcher import Batcher, Job
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
 from etude.serve.router import Route, Router

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from etude.serve.app import VisibleText
-from etude.serve.batcher import Batcher, Job
+from etude.policy.batcher import Batcher, Job
 from etude.types import Generation
 
 
