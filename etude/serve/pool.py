@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.serve.batcher import Batcher
+from etude.policy.batcher import Batcher
 from etude.serve.registry import Checkpoint
 
 Loader = Callable[[Checkpoint], Any]
