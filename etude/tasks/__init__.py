@@ -9,15 +9,8 @@ See docs/tasks.md. Public surface (the contract in docs/contracts.md):
 
 from etude.tasks.repo import prepare_repo, task_env
 from etude.tasks.schema import load_tasks, load_tasks_report, save_tasks, task_from_dict
+from etude.tasks.suite import builtin_suite
 from etude.types import Task
-
-
-def builtin_suite(split: str = "train", max_tasks: int | None = None) -> list[Task]:
-    """The built-in suite's train or eval split (built on first use, then loaded from cache)."""
-    from etude.tasks.suite import builtin_suite as _suite
-
-    return _suite(split, max_tasks)
-
 
 __all__ = [
     "Task",

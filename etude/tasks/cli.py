@@ -14,6 +14,14 @@ from typing import Annotated
 
 import typer
 
+from etude.errors import EtudeError
+from etude.tasks.curriculum import LEVELS, build, builtin_curriculum, read_packages
+from etude.tasks.mine import mine
+from etude.tasks.schema import load_tasks_report, save_tasks
+from etude.tasks.suite import build_suite, package_tasks, select_packages
+from etude.tasks.synth import SynthConfig, synthesise
+from etude.tasks.validate import validate_task
+
 tasks_app = typer.Typer(help="Tasks from real packages: mine release diffs, synthesise bugs, validate, build the suite.",
                         no_args_is_help=True)  # fmt: skip
 
@@ -43,9 +51,6 @@ def mine_cmd(
     extra_dep: Annotated[list[str] | None, typer.Option(help="Extra test requirement (repeatable).")] = None,
 ) -> None:
     """Tasks from a release pair: old source against new tests (FAIL_TO_PASS / PASS_TO_PASS)."""
-    from etude.tasks.mine import mine
-    from etude.tasks.schema import save_tasks
-
     with _status(f"mining {package} {v_from} -> {v_to}") as say:
         tasks = mine(
             package, v_from, v_to, split=split, max_trials=max_trials, extra_deps=extra_dep or (), progress=say
@@ -64,10 +69,6 @@ def synth_cmd(
     extra_dep: Annotated[list[str] | None, typer.Option(help="Extra test requirement (repeatable).")] = None,
 ) -> None:
     """Synthesise bugs (libcst mutations, and 2-3 combined) that the package's tests catch."""
-    from etude.errors import EtudeError
-    from etude.tasks.schema import save_tasks
-    from etude.tasks.synth import SynthConfig, synthesise
-
     if (package is None) == (repo is None):
         raise EtudeError("give exactly one of --package NAME==VERSION or --repo DIR")
     if max_tasks < 1:
@@ -90,9 +91,6 @@ def validate_cmd(
 ) -> None:
     """Re-run every task at base and with its gold patch in the sandbox; keep the valid ones."""
     from rich.progress import Progress
-
-    from etude.tasks.schema import load_tasks_report, save_tasks
-    from etude.tasks.validate import validate_task
 
     tasks, errors = load_tasks_report(file)
     verdicts = []
@@ -122,7 +120,6 @@ def build_suite_cmd(
     """Build the built-in suite (cached per package; resumes) and write its train / eval splits."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from etude.tasks.suite import build_suite, package_tasks, select_packages
 
     chosen = select_packages(package)
     cols = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
@@ -145,10 +142,6 @@ def curriculum_cmd(
     seed: Annotated[int, typer.Option("--seed", help="Seed for the order of mutation sites.")] = 0,
 ) -> None:
     """Validated curriculum tasks at one level, from packages or from the built-in split (cached)."""
-    from etude.errors import EtudeError
-    from etude.tasks.curriculum import LEVELS, build, builtin_curriculum, read_packages
-    from etude.tasks.schema import save_tasks
-
     if level not in LEVELS:
         raise EtudeError(f"--level must be 1, 2 or 3, not {level}")
     if (packages is None) == (split is None):

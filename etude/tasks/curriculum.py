@@ -30,7 +30,10 @@ from pathlib import Path
 from etude.errors import EtudeError
 from etude.paths import cache
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
+from etude.tasks.mine import mine
 from etude.tasks.schema import load_tasks, save_tasks
+from etude.tasks.suite import PACKAGES
+from etude.tasks.synth import SynthConfig, synthesise
 from etude.types import Task
 
 CURRICULUM_VERSION = "v1"  # bump when statements or the build change: old caches are then ignored
@@ -180,8 +183,6 @@ def _cache_file(spec: str, level: int, seed: int, n: int) -> Path:
 def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str | None = None,
                        progress: Progress | None = None) -> list[Task]:
     """Up to `n` validated tasks of `level` from one package, built once then read from cache."""
-    from etude.tasks.synth import SynthConfig, synthesise
-
     if level not in LEVELS:
         raise EtudeError(f"curriculum level must be 1, 2 or 3, not {level}")
     f = _cache_file(spec, level, seed, n)
@@ -205,9 +206,6 @@ def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str
 
 def _mined(name: str, ver: str, say: Progress) -> list[Task]:
     """Release-diff tasks for a package the built-in suite lists a release pair for."""
-    from etude.tasks.mine import mine
-    from etude.tasks.suite import PACKAGES
-
     out: list[Task] = []
     for pkg in PACKAGES:
         for v_from, sha, v_to in pkg.releases:

@@ -36,6 +36,7 @@ from etude.errors import EtudeError
 from etude.paths import cache
 from etude.tasks.diffs import apply_patch
 from etude.tasks.fetch import fetch_sdist, locked, normalise
+from etude.tasks.layout import iter_files
 from etude.types import Task
 
 PYTEST_PIN = "pytest==9.2.0"  # the version the project's own suite pins; every task env gets it
@@ -105,8 +106,6 @@ _IGNORE = shutil.ignore_patterns(
 
 def _tree_signature(root: Path) -> str:
     """Cheap identity of a local tree's contents (paths, sizes, mtimes)."""
-    from etude.tasks.layout import iter_files
-
     return _key([(rel, (root / rel).stat().st_size, (root / rel).stat().st_mtime_ns) for rel in iter_files(root)])
 
 

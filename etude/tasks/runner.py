@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etude.sandbox import SandboxConfig, run
 from etude.types import Task
 
 _RANK = {"passed": 0, "skipped": 1, "xfailed": 1, "xpassed": 2, "failed": 3, "error": 4}
@@ -92,8 +93,6 @@ def parse_pytest_output(text: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def sandbox_config(task: Task, venv: Path, timeout_s: float | None = None):
-    from etude.sandbox import SandboxConfig
-
     root = task.setup.get("pythonpath", ".")
     pypath = "/workspace" if root in (".", "") else f"/workspace/{root}"
     env = {"PYTHONPATH": pypath, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "COLUMNS": "300"}
@@ -114,8 +113,6 @@ def run_tests(
     workspace: Path, task: Task, venv: Path, targets: Sequence[str] | None = None, timeout_s: float | None = None
 ) -> TestRun:
     """Run pytest on `targets` (files or dirs; default the task's test paths) in the sandbox."""
-    from etude.sandbox import run
-
     paths = list(targets) if targets else list(task.setup.get("test_paths") or [])
     argv = ["python", "-m", "pytest", *PYTEST_ARGS, *paths]
     res = run(argv, workspace=workspace, config=sandbox_config(task, venv, timeout_s))

@@ -20,7 +20,10 @@ from pathlib import Path
 
 from etude.errors import EtudeError
 from etude.paths import cache
+from etude.tasks.fetch import fetch_sdist
+from etude.tasks.mine import mine
 from etude.tasks.schema import load_tasks, save_tasks
+from etude.tasks.synth import SynthConfig, synthesise
 from etude.types import Task
 
 SUITE_VERSION = "v1"  # bump when the list or the build changes: old caches are then ignored
@@ -72,10 +75,6 @@ def _package_file(pkg: Package) -> Path:
 def _build_package(
     pkg: Package, progress: Progress, synth_n: int | None = None, mine_releases: bool = True
 ) -> list[Task]:
-    from etude.tasks.fetch import fetch_sdist
-    from etude.tasks.mine import mine
-    from etude.tasks.synth import SynthConfig, synthesise
-
     fetch_sdist(pkg.name, pkg.version, pkg.sha256)  # the pin is checked before anything runs
     tasks: list[Task] = []
     for v_from, sha, v_to in pkg.releases if mine_releases else ():

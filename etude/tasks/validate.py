@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etude.errors import EtudeError
+from etude.sandbox import Workspace
 from etude.tasks.diffs import apply_patch
 from etude.tasks.repo import prepare_repo, task_env
 from etude.tasks.runner import TestRun, run_tests
@@ -54,8 +55,6 @@ class Verdict:
 @contextmanager
 def workspace_with(template: Path, patches: Sequence[str]):
     """A fresh copy-on-write workspace of `template` with `patches` applied in order."""
-    from etude.sandbox import Workspace
-
     with Workspace.create(template) as ws:
         for p in patches:
             apply_patch(ws.path, p)
