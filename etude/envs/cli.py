@@ -9,6 +9,11 @@ from typing import Annotated
 
 import typer
 
+from etude.envs.grade import grade
+from etude.errors import EtudeError
+from etude.rewards import apply_flags, breakdown_json, score_patch
+from etude.tasks.schema import find_task, load_tasks
+
 
 def grade_cmd(
     tasks: Annotated[Path, typer.Option("--tasks", help="Task file (JSONL or parquet).")],
@@ -16,10 +21,6 @@ def grade_cmd(
     patch: Annotated[Path, typer.Option("--patch", help="Unified diff to grade ('-' reads stdin).")],
 ) -> None:
     """Grade a patch in a clean workspace with the task's own tests; print the verdict as JSON."""
-    from etude.envs.grade import grade
-    from etude.errors import EtudeError
-    from etude.tasks.schema import find_task, load_tasks
-
     if str(patch) == "-":
         patch_text = sys.stdin.read()
     elif not patch.is_file():
@@ -33,8 +34,6 @@ def grade_cmd(
 
 def verdict_json(task, patch_text: str, graded) -> dict:
     """The `etude grade` object: the outcome, `reward` (total + terms) and `flags`."""
-    from etude.rewards import apply_flags, breakdown_json, score_patch
-
     breakdown = score_patch(task, patch_text, graded.outcome)
     outcome = apply_flags(graded.outcome, breakdown.flags)
     return {**outcome.to_dict(), "ignored_paths": list(graded.ignored_paths), **breakdown_json(breakdown)}

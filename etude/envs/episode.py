@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from etude.envs.grade import grade
+from etude.harness import HarnessConfig, run_agent
 from etude.protocols import Policy, ToolContext
+from etude.sandbox import Workspace, make_sandbox
 from etude.tasks.repo import prepare_repo, task_env
 from etude.tasks.runner import sandbox_config
 from etude.types import Outcome, Task, Trajectory
@@ -37,9 +39,6 @@ def run_episode(
     trajectory_path: str | Path | None = None,
 ) -> tuple[Trajectory, Outcome]:
     """Run `policy` on `task` and grade the result. `harness_config` is a harness.HarnessConfig."""
-    from etude.harness import HarnessConfig, run_agent
-    from etude.sandbox import Workspace, make_sandbox
-
     cfg = harness_config or HarnessConfig()
     template, venv = prepare_repo(task), task_env(task)
     # The agent's commands share one session sandbox per episode (a few ms each); grading below

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from etude.sandbox import Workspace
 from etude.tasks import diffs, layout
 from etude.tasks.repo import prepare_repo, task_env
 from etude.tasks.runner import files_of, run_tests, statuses_for
@@ -91,8 +92,6 @@ def _fail(task: Task, error: str, t0: float, applied: bool = False) -> Outcome:
 
 def grade(task: Task, patch_text: str) -> Grading:
     """Grade `patch_text` on `task` (see the module docstring)."""
-    from etude.sandbox import Workspace
-
     t0 = time.monotonic()
     template, venv = prepare_repo(task), task_env(task)
     patch, dropped = strip_protected(patch_text)

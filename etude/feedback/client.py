@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.feedback.signals import AgentEdit, edit_survival
 from etude.types import Trajectory
 
 
@@ -65,8 +66,6 @@ def edits_from_trajectory(traj: Trajectory) -> list[AgentWrite]:
 
 def measure_edit_persistence(repo: str | Path, edits: Sequence[AgentWrite]) -> PersistenceReport:
     """Compare each written range with the file as it is now (a deleted file counts as empty)."""
-    from etude.feedback.signals import AgentEdit, edit_survival
-
     root = Path(repo)
     by_file: dict[str, list[AgentEdit]] = {}
     for w in edits:

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from etude.feedback.signals import explain_followup
+from etude.search import get_embedder
+
 PROTOTYPES: dict[str, tuple[str, ...]] = {
     "dissatisfied": (
         "this is garbage", "that did not work at all", "same error as before", "you made it worse",
@@ -39,8 +42,6 @@ PROTOTYPES: dict[str, tuple[str, ...]] = {
 
 class EmbeddingFollowupClassifier:
     def __init__(self, embedder: str = "minilm", margin: float = 0.05):
-        from etude.search import get_embedder
-
         self.spec, self.margin = embedder, margin
         self.embedder = get_embedder(embedder)
         self.labels = [label for label, texts in PROTOTYPES.items() for _ in texts]
@@ -59,8 +60,6 @@ class EmbeddingFollowupClassifier:
 
 def classify(message: str, previous: str | None = None, model: Any = None) -> tuple[str, str]:
     """(label, source): the rules' verdict if a rule matched, else the model's (if given)."""
-    from etude.feedback.signals import explain_followup
-
     verdict = explain_followup(message, previous)
     if verdict.label != "neutral" or verdict.rule or model is None:
         return verdict.label, "rules"

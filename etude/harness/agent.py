@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.feedback.client import edits_from_trajectory, measure_edit_persistence, report_feedback
 from etude.harness.config import HarnessConfig
 from etude.harness.loop import run_agent
+from etude.harness.record import load_trajectory
 from etude.paths import home
 from etude.protocols import Policy, ToolContext
+from etude.sandbox import SandboxConfig, Workspace, make_sandbox
 from etude.types import Trajectory, Turn
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -53,8 +56,6 @@ def run_on_repo(
 ) -> AgentRun:
     """One agent episode on `repo`; returns the trajectory and the patch (applied if asked).
     `meta` goes into the trajectory (the CLI records the repo, server and session there)."""
-    from etude.sandbox import Workspace, make_sandbox
-
     repo = _check_repo(repo)
     path = trajectory_path or default_trajectory_path()
     with Workspace.create(repo) as ws, make_sandbox(ws.path, sandbox_config(sandbox_backend)) as sandbox:
@@ -68,13 +69,11 @@ def run_on_repo(
     return AgentRun(trajectory=traj, patch=traj.diff, trajectory_path=path, applied=applied)
 
 
-def sandbox_config(backend: str = "bwrap"):  # -> etude.sandbox.SandboxConfig (imported lazily)
+def sandbox_config(backend: str = "bwrap") -> SandboxConfig:
     """The sandbox for agent commands: our virtual environment (pytest and friends) bound
     read-only and first on PATH, so `python -m pytest` works inside. A session sandbox (one
     bwrap for the whole episode, a few ms per command instead of fresh namespaces each time);
     grading never uses it."""
-    from etude.sandbox import SandboxConfig
-
     venv = Path(sys.prefix)
     binds = (str(venv),) if sys.prefix != sys.base_prefix else ()
     prepend = (str(venv / "bin"),) if binds else ()
@@ -113,8 +112,6 @@ def edit_feedback(trajectory_path: Path, repo: Path | None = None, *, base_url: 
     -> {"score", "reverted", "per_file", "ranges", "delay_s", "reported": [events]}."""
     import time
 
-    from etude.feedback.client import edits_from_trajectory, measure_edit_persistence
-    from etude.harness.record import load_trajectory
 
     traj = load_trajectory(trajectory_path)
     repo = _check_repo(repo or Path(traj.meta.get("repo") or "."))
@@ -130,7 +127,6 @@ def edit_feedback(trajectory_path: Path, repo: Path | None = None, *, base_url: 
 def _report_per_turn(traj: Trajectory, repo: Path, base_url: str, api_key: str, delay: float) -> list[dict[str, Any]]:
     import dataclasses
 
-    from etude.feedback.client import edits_from_trajectory, measure_edit_persistence, report_feedback
 
     sid = traj.meta.get("session_id")
     events = []

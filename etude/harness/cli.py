@@ -11,6 +11,11 @@ from typing import Annotated
 import typer
 
 from etude.errors import EtudeError
+from etude.harness.agent import EXAMPLE_REPO, EXAMPLE_SESSION, edit_feedback, run_on_repo, summary
+from etude.harness.config import HarnessConfig
+from etude.policy import POLICIES, make_policy
+from etude.policy.scripted import load_script
+from etude.toolcalls import FORMATS, parse_output, to_json_dict
 
 
 def register(app: typer.Typer) -> None:
@@ -24,8 +29,6 @@ def parse(
     tools: Annotated[str | None, typer.Option("--tools", help="comma-separated tool names; calls to others are errors")] = None,
 ) -> None:
     """Parse model output on stdin; print {"text", "tool_calls": [{"id","name","arguments"}], "errors"} as JSON."""
-    from etude.toolcalls import FORMATS, parse_output, to_json_dict
-
     if fmt not in FORMATS:
         raise EtudeError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     names = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
@@ -54,7 +57,6 @@ def agent(
     """Run a coding agent on your repository: prints the patch (or applies it with --apply) and a summary."""
     from rich.console import Console
 
-    from etude.harness.agent import run_on_repo, summary
 
     err = Console(stderr=True)
     session = session or f"agent-{uuid.uuid4().hex[:12]}"
@@ -77,10 +79,6 @@ def agent(
 def _resolve(request: str | None, repo: Path | None, policy: str, script: Path | None, example: bool,
              base_url: str | None, model: str | None, api_key: str | None, apply: bool, session: str) -> tuple:
     """-> (request, repo, policy object) from the command line, with clear errors."""
-    from etude.harness.agent import EXAMPLE_REPO, EXAMPLE_SESSION
-    from etude.policy import POLICIES, make_policy
-    from etude.policy.scripted import load_script
-
     if example:
         if apply:
             raise EtudeError("--apply with --example would edit the packaged example; copy it and use --repo instead")
@@ -114,8 +112,6 @@ def _resolve(request: str | None, repo: Path | None, policy: str, script: Path |
 
 
 def _config(max_steps: int | None, max_tokens: int | None, time_limit: float | None, temperature: float | None):
-    from etude.harness.config import HarnessConfig
-
     changes = {"max_steps": max_steps, "max_tokens_per_turn": max_tokens, "time_limit_s": time_limit, "temperature": temperature}
     return HarnessConfig(**{k: v for k, v in changes.items() if v is not None})
 
@@ -128,6 +124,4 @@ def agent_feedback(
     send: Annotated[bool, typer.Option("--send/--no-send", help="report to the server, or only measure")] = True,
 ) -> None:
     """Measure how much of the agent's edits survive in the repository now; report it to the server."""
-    from etude.harness.agent import edit_feedback
-
     print(json.dumps(edit_feedback(trajectory, repo, base_url=base_url, api_key=api_key, send=send)))

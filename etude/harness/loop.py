@@ -36,6 +36,7 @@ from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
 from etude.protocols import Policy, ToolContext
 from etude.toolcalls import parse_hermes
+from etude.tools import available, run_tool, tool_schemas
 from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
 
 
@@ -235,14 +236,10 @@ class _Episode:
 
 
 def _call_tool(name: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-    from etude.tools import run_tool  # lazy: the tool registry imports ripgrep/sandbox helpers
-
     return run_tool(name, args, ctx)
 
 
 def _schemas(cfg: HarnessConfig) -> list[dict[str, Any]]:
-    from etude.tools import available, tool_schemas
-
     known = available()  # TOOL_NAMES whose module is installed (semantic_search may be absent)
     unknown = [n for n in cfg.tools if n not in known]
     if unknown:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from etude.configfile import read_toml
 from etude.errors import EtudeError
 
 FlagAction = Literal["void", "penalise", "ignore"]
@@ -104,8 +105,6 @@ class RewardConfig:
     @classmethod
     def from_toml(cls, path: str | Path, table: str = "rewards") -> RewardConfig:
         """From a TOML file: its `[rewards]` table if present, else the top level."""
-        from etude.configfile import read_toml
-
         data = read_toml(path, "reward config")
         return cls.from_dict(data[table] if isinstance(data.get(table), dict) else data)
 
