@@ -21,8 +21,10 @@ What it does not guarantee:
 - It is not a VM: it shares the host kernel, so a kernel exploit escapes it.
 - Without writable cgroups and with a root launcher there is no process cap and memory is capped
   per process only (RLIMIT_AS); see docs/sandbox.md.
-- Disk use inside the workspace and /tmp is not capped beyond the per-file size limit (tmpfs
-  pages count against the memory cgroup).
+- Disk: /tmp (tmp_mb) and, with a root launcher, each workspace's writable layer (a tmpfs of
+  `Workspace.create(disk_mb=...)`, default 1 GiB) are size-capped: writes past the cap get
+  ENOSPC. A non-root launcher cannot mount that tmpfs: its workspaces are capped per file only,
+  and it is warned on stderr. tmpfs pages count against the memory cgroup.
 - The "unsandboxed" backend isolates nothing; it exists for machines without bwrap and is never
   chosen automatically.
 """

@@ -32,6 +32,10 @@ class SandboxConfig:
     """Processes/threads alive at once: pids cgroup when writable, else RLIMIT_NPROC (non-root launcher)."""
     tmp_mb: int | None = 512
     """Size of the private tmpfs at /tmp (HOME); its pages also count against the memory cgroup."""
+    workspace_disk_mb: int | None = 1024
+    """Disk quota of the episode's workspace (its writable layer is a tmpfs of this size; writes
+    past it get ENOSPC): what to pass as `Workspace.create(template, disk_mb=...)`, whose default
+    is the same 1 GiB. None: no cap. See etude/sandbox/workspace.py."""
     max_output_bytes: int = 1_000_000
     """Per stream (stdout, stderr): capture keeps the head and the tail, drops the middle."""
     ro_binds: tuple[str, ...] = ()

@@ -160,9 +160,10 @@ def test_workspace_left_by_a_crashed_process_is_swept(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False).stdout.split()
     base, merged = Path(out[0]), Path(out[1])
-    assert base.exists() and merged.is_mount()  # the crash left a mounted overlay behind
+    assert base.exists() and merged.is_mount() and (base / "disk").is_mount()  # the crash left both mounts behind
     with Workspace.create(tpl, root=root) as fresh:
         assert not base.exists() and not merged.is_mount()
+        assert str(base) not in Path("/proc/self/mountinfo").read_text()
         assert fresh.path.exists()
 
 
@@ -226,3 +227,96 @@ def test_unusual_file_names_round_trip(tmp_path: Path) -> None:
     for n in names:
         assert (tpl / n).read_text() == f"{n}\n"
     assert (tpl / 'old "quoted".txt').read_text() == "changed\n"
+
+
+# -- disk quota ---------------------------------------------------------------------------------
+FILL = """
+import errno, os
+written, err = 0, None
+try:
+    for i in range(64):
+        with open(f"fill{i}.bin", "wb") as fh:  # many files: the per-file rlimit is not what stops this
+            for _ in range(4):
+                fh.write(b"x" * 262144)
+                fh.flush()
+                os.fsync(fh.fileno())
+                written += 262144
+except OSError as e:
+    err = errno.errorcode.get(e.errno)
+print(written, err)
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_workspace_that_writes_past_its_quota_gets_enospc_and_the_host_keeps_its_space(
+    tmp_path: Path, kind: str, cfg
+) -> None:
+    tpl = make_template(tmp_path, git=kind == "worktree")
+    with Workspace.create(tpl, kind=kind, root=tmp_path / "wsroot", disk_mb=8) as ws:  # type: ignore[arg-type]
+        assert ws.kind == kind and ws.disk_mb == 8
+        res = run(["python3", "-c", FILL], workspace=ws.path, config=cfg)
+        written, err = res.stdout.split()
+        assert res.returncode == 0 and err == "ENOSPC", res.stdout + res.stderr  # the agent sees ENOSPC ...
+        assert 4 * 2**20 < int(written) <= 8 * 2**20  # ... at the cap, not before and not after
+        st = os.statvfs(ws.path)
+        assert st.f_blocks * st.f_frsize == 8 * 2**20  # the writable layer is its own 8 MiB filesystem,
+        assert os.stat(ws.path / "fill0.bin").st_dev != os.stat(tmp_path).st_dev  # not the host's disk
+        # the workspace still works at the cap: a removal frees space, and the diff holds the files
+        (ws.path / "fill0.bin").unlink()
+        (ws.path / "after.txt").write_text("room again\n")
+        assert "b/after.txt" in ws.diff() and "b/fill1.bin" in ws.diff()
+        base = ws.base
+    assert not base.exists() and str(base) not in Path("/proc/self/mountinfo").read_text()
+
+
+@needs_root
+def test_the_default_quota_is_1_gib_and_none_means_no_cap(tmp_path: Path) -> None:
+    from etude.sandbox import SandboxConfig
+
+    tpl = make_template(tmp_path)
+    assert SandboxConfig().workspace_disk_mb == 1024
+    with Workspace.create(tpl, root=tmp_path / "wsroot") as ws:
+        st = os.statvfs(ws.path)
+        assert ws.disk_mb == 1024 and st.f_blocks * st.f_frsize == 1024 * 2**20
+    with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot", disk_mb=None) as ws:
+        assert ws.disk_mb is None and not (ws.base / "disk").is_mount()
+        assert os.stat(ws.path).st_dev == os.stat(tmp_path).st_dev
+
+
+@needs_root
+def test_a_template_larger_than_the_quota_is_one_clear_error(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path)
+    (tpl / "big.bin").write_bytes(b"\0" * (3 * 2**20))
+    with pytest.raises(EtudeError, match="larger than the workspace's disk cap of 2 MiB"):
+        Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot", disk_mb=2)
+    assert not list((tmp_path / "wsroot").glob("ws-*"))
+    with Workspace.create(tpl, kind="overlay", root=tmp_path / "wsroot", disk_mb=2) as ws:
+        assert (ws.path / "big.bin").stat().st_size == 3 * 2**20  # an overlay's lower layer costs no quota
+
+
+def test_bad_disk_quota_is_an_etude_error(tmp_path: Path) -> None:
+    tpl = make_template(tmp_path)
+    for bad in (0, -1, 1.5, "1G", True):
+        with pytest.raises(EtudeError, match="disk_mb"):
+            Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot", disk_mb=bad)  # type: ignore[arg-type]
+
+
+def test_without_a_mount_the_workspace_has_no_quota_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import etude.sandbox.workspace as wsmod
+
+    def no_mount(*a: object) -> None:
+        raise OSError(1, "tmpfs mount failed: Operation not permitted")
+
+    monkeypatch.setattr(wsmod, "_mount_tmpfs", no_mount)
+    monkeypatch.setattr(wsmod, "_quota_warned", threading.Event())
+    tpl = make_template(tmp_path)
+    with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot") as ws:
+        assert ws.disk_mb is None and (ws.path / "pkg" / "m.py").exists()
+    with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot"):
+        pass
+    err = capsys.readouterr().err
+    assert err.count("WARNING: workspaces have NO disk quota here") == 1  # loud, once per process
+    assert "Operation not permitted" in err
