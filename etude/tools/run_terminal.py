@@ -9,6 +9,9 @@ that may reset PATH and hide the bound virtual environment.
 A command that exits non-zero is ok=True (it ran; the exit code is in the output and in
 `meta["exit_code"]`). A timeout is ok=False with a clear error, and the partial output is kept.
 stdin is empty, so a command waiting for input gets EOF rather than hanging until the timeout.
+The timeout the model asks for (`timeout_s`, default `terminal_timeout_s`) is capped at
+`ToolsConfig.terminal_max_timeout_s` (an episode sets it to its task's limit); when it was
+cut, the observation's first line says so and `meta["timeout_capped"]` is true.
 Output keeps its head and tail and drops the middle past `terminal_max_output_chars`.
 """
 
@@ -43,7 +46,8 @@ class RunTerminal(BaseTool):
 
     def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         cfg = config_of(ctx)
-        timeout = min(float(args.get("timeout_s") or cfg.terminal_timeout_s), cfg.terminal_max_timeout_s)
+        asked = float(args.get("timeout_s") or cfg.terminal_timeout_s)
+        timeout = min(asked, cfg.terminal_max_timeout_s)  # a hard cap: the model cannot ask past it
         try:
             sandbox = ctx.sandbox or _default_sandbox(ctx)
             res = sandbox.exec(["bash", "-c", args["command"]], timeout_s=timeout, stdin="")
@@ -52,8 +56,12 @@ class RunTerminal(BaseTool):
                 f"the sandbox could not run the command: {type(e).__name__}: {e}", kind="sandbox_error"
             ) from None
         output, cut = truncate_middle(_render(res), cfg.terminal_max_output_chars)
+        if asked > timeout:
+            output = f"[timeout_s {asked:g} is above this episode's limit: capped at {timeout:g} s]\n" + output
         meta = {
             "exit_code": res.returncode,
+            "timeout_s": timeout,
+            "timeout_capped": asked > timeout,
             "timed_out": res.timed_out,
             "wall_s": round(res.wall_s, 3),
             "truncated": bool(cut) or res.truncated,

@@ -47,3 +47,21 @@ def test_scripted_agent_that_only_edits_tests_is_not_resolved(isodate_tasks):
     assert test_file in traj.diff  # the agent did change the test file...
     assert not outcome.resolved  # ...and it did not count
     assert traj.meta["ignored_paths"] == [test_file]
+
+
+def test_a_command_asking_past_the_tasks_timeout_gets_the_cap_and_is_told(isodate_tasks):
+    """Regression (issue 16): the episode capped the sandbox at the task's timeout, but
+    run_terminal passed the model's own `timeout_s` (up to 600 s) and the session sandbox
+    honoured it, so a model that asked for 600 s got 600 s."""
+    import dataclasses
+
+    from etude.harness import HarnessConfig
+    from etude.policy.scripted import ScriptedPolicy
+
+    task = dataclasses.replace(isodate_tasks[0], timeout_s=2.0)
+    policy = ScriptedPolicy([_call("run_terminal", command="sleep 30", timeout_s=600)])
+    traj, _ = run_episode(task, policy, HarnessConfig(max_steps=2))
+    res = traj.turns[0].tool_executions[0].result
+    assert not res.ok and res.meta["timed_out"] and res.meta["timeout_s"] == 2.0 and res.meta["timeout_capped"]
+    assert res.output.startswith("[timeout_s 600 is above this episode's limit: capped at 2 s]")
+    assert res.meta["wall_s"] < 20

@@ -49,6 +49,17 @@ def test_timeout_above_config_max_is_clamped(ws: Path) -> None:
     assert not run_tool("run_terminal", {"command": ""}, ctx).ok
 
 
+def test_asking_past_the_cap_gets_the_cap_and_the_observation_says_so(ws: Path) -> None:
+    sb, ctx = fake(ws, stdout="ok\n")
+    ctx.extra["tools_config"] = ToolsConfig(terminal_timeout_s=3, terminal_max_timeout_s=5)
+    res = run_tool("run_terminal", {"command": "make test", "timeout_s": 600}, ctx)
+    assert sb.calls[-1][1] == 5.0
+    assert res.ok and res.output.startswith("[timeout_s 600 is above this episode's limit: capped at 5 s]\n")
+    assert res.meta["timeout_s"] == 5.0 and res.meta["timeout_capped"] is True
+    res = run_tool("run_terminal", {"command": "make test", "timeout_s": 4}, ctx)
+    assert sb.calls[-1][1] == 4.0 and not res.meta["timeout_capped"] and not res.output.startswith("[timeout_s")
+
+
 def test_nonzero_exit_is_ok_with_exit_code(ws: Path) -> None:
     _, ctx = fake(ws, returncode=1, stdout="F\n", stderr="AssertionError\n")
     res = run_tool("run_terminal", {"command": "pytest"}, ctx)
