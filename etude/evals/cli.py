@@ -30,6 +30,7 @@ def eval_cmd(
     max_tasks: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
     max_steps: Annotated[int, typer.Option(help="Turns per episode.")] = 30,
     model_name: Annotated[str | None, typer.Option(help="Served model name for a URL model.")] = None,
+    backend: Annotated[str, typer.Option("--backend", help="Engine of a local model: hf or vllm (`make setup-vllm`).")] = "hf",
     report: Annotated[bool, typer.Option(help="Write report.html.")] = True,
 ) -> None:
     """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
@@ -42,7 +43,7 @@ def eval_cmd(
     if missing:
         raise EtudeError(f"etude eval needs {', '.join(missing)} (or a subcommand: compare, report)")
     cfg = EvalConfig(workers=workers, samples=samples, max_tasks=max_tasks, max_steps=max_steps,
-                     model_name=model_name, report=report)  # fmt: skip
+                     model_name=model_name, backend=backend, report=report)  # fmt: skip
     print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
 
 

@@ -33,6 +33,9 @@ class EvalConfig:
     """An etude.rewards.RewardConfig; None = its defaults."""
     model_name: str | None = None
     """For an OpenAI-compatible URL: the served model name (also settable as URL#NAME)."""
+    backend: str = "hf"
+    """Engine for a local model spec ("smollm2", "tiny", a directory): "hf" (transformers) or
+    "vllm" (etude.policy.vllm_backend; needs `make setup-vllm`). Other specs ignore it."""
     bootstrap: int = 2000
     """Bootstrap resamples (of tasks) for confidence intervals."""
     confidence: float = 0.95
@@ -53,6 +56,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.samples < 1:
             raise EtudeError("workers and samples must be at least 1")
+        if self.backend not in ("hf", "vllm"):
+            raise EtudeError(f"backend must be hf or vllm, not {self.backend!r}")
         if not 0.5 <= self.confidence < 1:
             raise EtudeError(f"confidence must be in [0.5, 1), not {self.confidence}")
         unknown = set(self.adherence_weights) - set(_default_adherence_weights())

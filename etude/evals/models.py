@@ -4,7 +4,8 @@
     noop                answers at once and changes nothing
     scripted:FILE       etude.policy.scripted replay of a script file (tests, demos)
     http(s)://URL[#NAME] an OpenAI-compatible server (NAME = served model, or EvalConfig.model_name)
-    anything else       a local transformers model: "smollm2", "tiny" or a model directory
+    anything else       a local model: "smollm2", "tiny" or a model directory, on transformers
+                        (backend "hf") or on a vLLM engine (backend "vllm", `--backend vllm`)
 
 The baselines are honest episodes, not shortcuts: the oracle's edits go through the tools into
 a sandboxed workspace and its diff is graded like any other, so a broken grader or workspace shows
@@ -82,8 +83,9 @@ def _shared(policy: Policy) -> PolicyFactory:
     return lambda task, sample: policy
 
 
-def policy_factory(spec: str, model_name: str | None = None) -> PolicyFactory:
-    """The factory for a model spec (see the module docstring)."""
+def policy_factory(spec: str, model_name: str | None = None, backend: str = "hf") -> PolicyFactory:
+    """The factory for a model spec (see the module docstring); `backend` ("hf" or "vllm") is the
+    engine of a local model."""
     spec = spec.strip()
     if not spec:
         raise EtudeError("--model is empty; give oracle, noop, a model name or path, or a server URL")
@@ -99,7 +101,7 @@ def policy_factory(spec: str, model_name: str | None = None) -> PolicyFactory:
         if not served:
             raise EtudeError("a server URL needs the served model name: URL#NAME or --model-name NAME")
         return _shared(_openai(url, served))
-    return _shared(_local(spec))
+    return _shared(_local(spec, backend))
 
 
 def _scripted_file(path: str) -> PolicyFactory:
@@ -115,9 +117,13 @@ def _openai(url: str, name: str) -> Policy:
     return make_policy("openai", base_url=url, model=name)
 
 
-def _local(spec: str) -> Policy:
+def _local(spec: str, backend: str = "hf") -> Policy:
     from etude.policy import make_policy
 
+    if backend == "vllm":  # one engine for every episode; a missing vLLM is one line (exit 2)
+        if ("/" in spec or Path(spec).exists()) and not Path(spec).is_dir():
+            raise EtudeError(f"model directory not found: {spec}")
+        return make_policy("vllm", model=spec)
     if spec in ("smollm2", "tiny"):
         return make_policy(spec)
     if "/" in spec or Path(spec).exists():

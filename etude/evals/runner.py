@@ -113,12 +113,16 @@ def run_eval(
     from etude.evals.summary import summarise
 
     cfg = config or EvalConfig()
+    if cfg.backend != "hf":  # a missing engine is one line before the suite is prepared
+        from etude.policy import check_backend
+
+        check_backend(cfg.backend)
     tasks = resolve_suite(suite, cfg.max_tasks)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise EtudeError(f"--out {out} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    factory = policy_factory(model, cfg.model_name)  # a bad spec fails before anything is written
+    factory = policy_factory(model, cfg.model_name, cfg.backend)  # a bad spec fails before anything is written
     manifest = _manifest(out, tasks, model, cfg)
     todo = _todo(tasks, cfg.samples, read_records(out / RESULTS), cfg.retry_errors)
     skipped = len(tasks) * cfg.samples - len(todo)

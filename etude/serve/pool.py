@@ -36,17 +36,57 @@ def load_local(cp: Checkpoint) -> Any:
     return pol
 
 
+class VLLMLoader:
+    """The loader for `etude serve --backend vllm`: one VLLMPolicy engine per base model, shared
+    by every checkpoint on that base. A model directory is served by its own engine; a LoRA
+    adapter checkpoint (an org's, say) is registered on its base's engine under the checkpoint's
+    name and hot-loaded by vLLM on first use, so many adapters cost one engine. Each checkpoint
+    gets a view with its own name and version, so the store records which one answered."""
+
+    def __init__(self, **engine_kw: Any):
+        self.engine_kw = engine_kw
+        self.engines: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _engine(self, base: str) -> Any:
+        from etude.policy.models import resolve
+        from etude.policy.vllm_backend import VLLMPolicy
+
+        key = str(resolve(base))
+        with self._lock:
+            if key not in self.engines:
+                self.engines[key] = VLLMPolicy(key, id=Path(key).name, enable_lora=True, **self.engine_kw)
+            return self.engines[key]
+
+    def __call__(self, cp: Checkpoint) -> Any:
+        if (Path(cp.path) / "adapter_config.json").is_file():
+            engine = self._engine(str(_adapter_base(cp)))
+            engine.add_adapter(cp.name, cp.path)
+            return engine.view(cp.name, version=cp.version, adapter=cp.name)
+        return self._engine(cp.path).view(cp.name, version=cp.version)
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self.engines = list(self.engines.values()), {}
+        for e in engines:
+            e.close()
+
+
+def _adapter_base(cp: Checkpoint) -> str:
+    path = Path(cp.path)
+    try:
+        return cp.meta.get("base") or json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError) as e:
+        raise EtudeError(f"adapter {cp.name}: cannot tell its base model ({e}); register it with meta.base") from e
+
+
 def _load_adapter(cp: Checkpoint) -> tuple[Any, Any]:
     from peft import PeftModel
 
     from etude.policy.models import load_model
 
     path = Path(cp.path)
-    try:
-        base = cp.meta.get("base") or json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
-    except (OSError, ValueError, KeyError) as e:
-        raise EtudeError(f"adapter {cp.name}: cannot tell its base model ({e}); register it with meta.base") from e
-    model, tok = load_model(str(base))
+    model, tok = load_model(str(_adapter_base(cp)))
     merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
     merged.eval()
     return merged, tok

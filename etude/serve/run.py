@@ -13,7 +13,7 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.serve import registry
 from etude.serve.config import ServeConfig
-from etude.serve.pool import Loader, PolicyPool, load_local
+from etude.serve.pool import Loader, PolicyPool, VLLMLoader, load_local
 from etude.store.sql import SQLStore, open_store
 
 
@@ -43,9 +43,13 @@ def _check_model(model: str) -> None:
         raise EtudeError(f"{model!r} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json)")
 
 
-def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader = load_local) -> Any:
+def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader | None = None) -> Any:
+    """The app; `loader` defaults to the one for `cfg.backend` (LocalPolicy, or shared vLLM engines)."""
     from etude.serve.app import create_app
 
+    if loader is None:
+        loader = (VLLMLoader(dtype=cfg.vllm_dtype, max_lora_rank=cfg.vllm_max_lora_rank)
+                  if cfg.backend == "vllm" else load_local)
     store = store or open_store(cfg.db)
     ensure_model(store, cfg)
     pool = PolicyPool(loader, max_loaded=cfg.max_loaded, max_batch=cfg.max_batch, wait_ms=cfg.batch_wait_ms,
@@ -57,6 +61,9 @@ def serve(cfg: ServeConfig) -> None:
     """Run until interrupted (blocking)."""
     import uvicorn
 
+    from etude.policy import check_backend
+
+    check_backend(cfg.backend)  # --backend vllm without vLLM: one line naming `make setup-vllm`
     _check_model(cfg.model)
     if cfg.torch_threads:
         import torch

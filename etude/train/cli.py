@@ -31,11 +31,15 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set steps=3 --set loss.kl_coef=0.1")] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
+        backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm needs `make setup-vllm`).")] = None,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         from etude.train import load_config, train
 
-        cfg = load_config(config, _parse_set(set_ or []))
+        overrides = _parse_set(set_ or [])
+        if backend is not None:
+            overrides["rollout_backend"] = backend
+        cfg = load_config(config, overrides)
         run_dir = out or Path("runs") / config.stem
         res = train(cfg, run_dir, resume=not fresh)
         last = res["last"] or {}

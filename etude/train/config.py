@@ -105,6 +105,15 @@ class TrainConfig:
     """How many policy versions behind the learner a consumed batch may be (0 = synchronous)."""
     use_ray: bool = False
     """Rollouts on Ray actors (async) instead of in-process; same code path otherwise."""
+    rollout_backend: str = "hf"
+    """Engine that samples rollouts and held-out evaluations: "hf" (transformers, sharing the
+    learner's model object) or "vllm" (etude.policy.vllm_backend.VLLMPolicy in this process's
+    environment — .venv-vllm, built by `make setup-vllm`; behaviour log-probs come from vLLM and
+    the learner's weights are loaded into the running engine after every optimiser step). "vllm"
+    needs use_ray = false."""
+    vllm_dtype: str = "auto"
+    """rollout_backend = "vllm": the engine's dtype ("auto" = the checkpoint's, "bfloat16",
+    "float32"). bf16 is faster on CPUs with AVX-512 bf16 but widens the behaviour/learner gap."""
     checkpoint_every: int = 5
     """Steps between checkpoints (and one at the end)."""
     keep_checkpoints: int = 2
@@ -135,6 +144,10 @@ class TrainConfig:
             raise EtudeError("steps, prompts_per_step, group_size, max_new_tokens, micro_batch_tokens must be ≥ 1")
         if self.max_staleness < 0:
             raise EtudeError("max_staleness must be ≥ 0")
+        if self.rollout_backend not in ("hf", "vllm"):
+            raise EtudeError(f"rollout_backend must be hf or vllm, not {self.rollout_backend!r}")
+        if self.rollout_backend == "vllm" and self.use_ray:
+            raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise EtudeError(f"precision must be auto, fp32 or bf16, not {self.precision!r}")
 

@@ -33,6 +33,7 @@ from etude.train.rollout import (
     RolloutBatch,
     RolloutWorker,
     episodes_summary,
+    rollout_policy,
 )
 from etude.types import Episode, Problem
 
@@ -70,8 +71,6 @@ class _Run:
     """State of one run: learner, env, executor, cursor; the loop's steps are its methods."""
 
     def __init__(self, cfg: TrainConfig, out: Path, resume: bool):
-        from etude.policy.local import LocalPolicy
-
         self.cfg, self.out = cfg, out
         torch.manual_seed(cfg.seed)
         self.learner = Learner(cfg)
@@ -84,8 +83,8 @@ class _Run:
         self.baseline = RunningBaseline(means=dict(self.state.get("baseline") or {}))
         self.env = make_env(cfg.env)
         self.test_problems = self.env.problems("test")
-        self.policy = LocalPolicy(self.learner.model, self.learner.tokenizer, id=cfg.model,
-                                  version=self.state["version"])
+        # the policy that samples (and evaluates): the learner's own model, or a vLLM engine
+        self.policy = rollout_policy(cfg, self.learner, self.state["version"])
         # A fresh run (no checkpoint) drops every old record; a resumed one keeps those ≤ its step.
         self.metrics = MetricsWriter(out, resume_step=self.state["step"] if ckpt else -1)
         if cfg.use_ray:
@@ -123,6 +122,7 @@ class _Run:
                "policy_version": batch.policy_version, "staleness": staleness, "worker": batch.worker,
                **summ, **stats, "gen_s": batch.gen_s, "wait_s": wait_s, "step_s": step_s,
                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(batch.gen_s, 1e-9),
+               "weight_sync_s": getattr(self.executor, "sync_s", 0.0),
                "samples": len(batch.episodes), "time": time.time()}
         self.metrics.write(rec)
         return rec
@@ -146,6 +146,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress bar (ours), not one per shard load/save
+    if cfg.rollout_backend == "vllm":  # before any model is loaded: one line naming the fix
+        from etude.policy.vllm_backend import require_vllm
+
+        require_vllm("rollout_backend = \"vllm\"")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))

@@ -54,7 +54,9 @@ class RolloutWorker:
 
     def run(self, batch_id: int) -> RolloutBatch:
         t0 = time.perf_counter()
-        idx = batch_problems(self.cfg, len(self.problems), batch_id)
+        choose = getattr(self.env, "choose", None)  # curriculum envs pick by success so far
+        idx = (choose(self.problems, self.cfg.prompts_per_step, random.Random(f"{self.cfg.seed}:{batch_id}"))
+               if choose else batch_problems(self.cfg, len(self.problems), batch_id))
         version = self.policy.version
         eps = self.env.rollout(self.policy, [self.problems[i] for i in idx], n=self.cfg.group_size,
                                max_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
@@ -63,12 +65,15 @@ class RolloutWorker:
 
 
 class LocalExecutor:
-    """Runs batches in-process with the learner's own model: synchronous by construction."""
+    """Runs batches in-process: synchronous by construction. The worker's policy is either the
+    learner's own model (publishing is a version bump) or a vLLM engine (`rollout_backend =
+    "vllm"`: publishing loads the learner's weights into the running engine, timed in `sync_s`)."""
 
     def __init__(self, worker: RolloutWorker):
         self.worker = worker
         self.slots = 1
         self._pending: set[int] = set()
+        self.sync_s = 0.0  # last weight transfer to a separate engine (0 when sharing the model)
 
     def submit(self, batch_id: int, version: int) -> None:
         self._pending.add(batch_id)  # run when taken, so a step's time holds its own rollout
@@ -78,10 +83,51 @@ class LocalExecutor:
         return self.worker.run(batch_id)
 
     def publish(self, version: int, learner: Any) -> None:
-        self.worker.policy.version = version  # same model object: nothing to copy
+        pol = self.worker.policy
+        if getattr(pol, "model", None) is learner.model:
+            pol.version = version  # same model object: nothing to copy
+            return
+        t0 = time.perf_counter()
+        pol.load_weights(engine_state(learner.model), version=version)
+        self.sync_s = time.perf_counter() - t0
 
     def close(self) -> None:
         self._pending.clear()
+        if getattr(self.worker.policy, "model", None) is None and hasattr(self.worker.policy, "close"):
+            self.worker.policy.close()  # a separate engine (vLLM): stop its process
+
+
+def rollout_policy(cfg: TrainConfig, learner: Any, version: int) -> Any:
+    """The policy that samples rollouts and evaluations: the learner's own model
+    (`rollout_backend = "hf"`) or a vLLM engine loaded with the learner's current weights
+    (`"vllm"`; needs the vLLM environment, else one line naming `make setup-vllm`)."""
+    from etude.policy.local import LocalPolicy
+
+    if cfg.rollout_backend == "hf":
+        return LocalPolicy(learner.model, learner.tokenizer, id=cfg.model, version=version)
+    from etude.policy.vllm_backend import VLLMPolicy, require_vllm
+
+    require_vllm("rollout_backend = \"vllm\"")
+    pol = VLLMPolicy(cfg.model, id=cfg.model, version=version, dtype=cfg.vllm_dtype, seed=cfg.seed)
+    pol.load_weights(engine_state(learner.model), version=version)  # a resumed learner's weights
+    return pol
+
+
+def engine_state(model: Any) -> dict[str, Any]:
+    """Full weights with Hugging Face names for an inference engine. A peft (LoRA) model is
+    merged for the copy and unmerged again, so the engine samples exactly the trained policy."""
+    import torch
+
+    if not hasattr(model, "merge_adapter"):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.merge_adapter()
+        try:
+            sd = model.get_base_model().state_dict()
+            out = {k.replace(".base_layer.", "."): v.detach().clone() for k, v in sd.items() if "lora_" not in k}
+        finally:
+            model.unmerge_adapter()
+    return out
 
 
 class _RayWorkerImpl:
@@ -187,4 +233,11 @@ def episodes_summary(eps: Sequence[Episode]) -> dict[str, float]:
             if v is not None:
                 terms.setdefault(k, []).append(float(v))
     out.update({f"reward/{k}": sum(v) / len(v) for k, v in terms.items()})
+    for key in MONITORED:  # hack monitoring (TasksEnv episodes carry these in meta)
+        vals = [float(e.meta[key]) for e in eps if isinstance(e.meta.get(key), (int, float))]
+        if vals:
+            out[f"monitor/{key}"] = sum(vals) / len(vals)
     return out
+
+
+MONITORED = ("hack_flags", "test_edits", "broken_calls", "clarifications", "answer_chars", "turns", "tokens")
