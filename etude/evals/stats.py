@@ -1,11 +1,19 @@
-"""Statistics for evaluation runs: pass@k, bootstrap confidence intervals over tasks, and paired
-tests for comparing two runs on the same suite.
+"""Statistics for evaluation runs: pass@k, confidence intervals over tasks, and paired tests for
+comparing two runs on the same suite.
 
-Tasks are the unit of resampling (samples of one task are not independent of each other). The
-bootstrap is the percentile method with a fixed seed, so a report is reproducible. Paired tests:
-exact McNemar (binomial on discordant tasks) for a 0/1 metric, Wilcoxon signed-rank otherwise.
-What this does not guarantee: good coverage for very small suites (a handful of tasks gives wide,
-honest intervals, but percentile intervals undercover below ~20 tasks).
+Tasks are the unit of analysis (samples of one task are not independent of each other).
+- Intervals of a mean: a 0/1 value per task is a proportion and gets a Wilson score interval
+  (never zero-width, also at 0/n or n/n); other values get a percentile bootstrap with a fixed
+  seed (reproducible; undercovers below ~20 tasks, which is why the gate refuses small suites).
+- Paired 0/1 outcomes (the gate's `resolved`): the difference p_B − p_A has Tango's score
+  interval (the paired counterpart of Wilson's, Tango 1998); the two-sided difference test is the
+  exact McNemar test (binomial on the discordant tasks); non-inferiority with a margin δ
+  (H0: p_B − p_A ≤ −δ) is an exact unconditional test: the score statistic's tail probability
+  maximised over the nuisance parameter (the loss probability) on a grid under H0's boundary.
+- Other paired values: Wilcoxon signed-rank.
+What this does not guarantee: the maximum over a finite grid can miss the exact supremum by a
+little (501 points; the p-value is reported, not hidden); beyond `EXACT_MAX_TASKS` tasks the
+non-inferiority p-value is the normal approximation of the same score statistic.
 """
 
 from __future__ import annotations
@@ -41,12 +49,30 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def wilson_ci(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n; (0, 1) without observations."""
+    if n <= 0:
+        return 0.0, 1.0
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    p = k / n
+    d = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / d
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def mean_ci(values: Sequence[float], **kw: float | int) -> dict[str, float | int | None]:
-    """{"mean", "ci_low", "ci_high", "n"}; None members when there are no values."""
+    """{"mean", "ci_low", "ci_high", "n"}; None members when there are no values. All values 0 or
+    1: Wilson interval of the proportion; otherwise the percentile bootstrap (`bootstrap_ci`)."""
     x = [float(v) for v in values if v is not None]
     if not x:
         return {"mean": None, "ci_low": None, "ci_high": None, "n": 0}
-    low, high = bootstrap_ci(x, **kw)  # type: ignore[arg-type]
+    if is_binary(x):
+        low, high = wilson_ci(sum(x), len(x), float(kw.get("confidence", 0.95)))
+    else:
+        low, high = bootstrap_ci(x, **kw)  # type: ignore[arg-type]
     return {"mean": float(np.mean(x)), "ci_low": low, "ci_high": high, "n": len(x)}
 
 
@@ -80,3 +106,83 @@ def paired_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:
     if is_binary(a) and is_binary(b):
         return mcnemar_exact(a, b), "mcnemar-exact"
     return wilcoxon_p([y - x for x, y in zip(a, b, strict=True)]), "wilcoxon"
+
+
+# -- paired proportions: Tango's score interval and the exact non-inferiority test -------------
+EXACT_MAX_TASKS = 300
+_GRID = 501
+
+
+def discordant(a: Sequence[float], b: Sequence[float]) -> tuple[int, int]:
+    """(losses, gains): tasks A resolved and B did not, and the reverse."""
+    losses = sum(1 for x, y in zip(a, b, strict=True) if x == 1 and y == 0)
+    gains = sum(1 for x, y in zip(a, b, strict=True) if x == 0 and y == 1)
+    return losses, gains
+
+
+def _loss_mle(losses: np.ndarray, gains: np.ndarray, n: int, d0: float) -> np.ndarray:
+    """Constrained MLE of the loss probability q given p_gain − p_loss = d0 (root of
+    2n·q² − B·q − losses·d0·(1 − d0) = 0, B = (losses + gains)(1 − d0) − 2·d0·(n − gains)),
+    clipped into the feasible range [max(0, −d0), (1 − d0)/2]."""
+    bq = (losses + gains) * (1 - d0) - 2 * d0 * (n - gains)
+    disc = np.maximum(bq * bq + 8 * n * losses * d0 * (1 - d0), 0.0)
+    q = (bq + np.sqrt(disc)) / (4 * n)
+    return np.clip(q, max(0.0, -d0), (1 - d0) / 2)
+
+
+def tango_score(losses: np.ndarray | int, gains: np.ndarray | int, n: int, d0: float) -> np.ndarray:
+    """Score statistic of H: p_B − p_A = d0 for paired 0/1 outcomes (large: B better than d0)."""
+    lo, ga = np.asarray(losses, dtype=float), np.asarray(gains, dtype=float)
+    q = _loss_mle(lo, ga, n, d0)
+    var = (2 * q + d0 - d0 * d0) / n
+    diff = (ga - lo) / n - d0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(var > 0, diff / np.sqrt(np.where(var > 0, var, 1.0)), np.sign(diff) * np.inf)
+    return np.where(diff == 0, 0.0, z)
+
+
+def tango_ci(losses: int, gains: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Score interval of p_B − p_A from the discordant counts of n paired tasks (Tango 1998)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    if n <= 0:
+        return -1.0, 1.0
+    z = float(norm.ppf(1 - (1 - confidence) / 2))
+    est = (gains - losses) / n
+    f = lambda d0: float(tango_score(losses, gains, n, d0)) - z  # noqa: E731  decreasing in d0
+    g = lambda d0: float(tango_score(losses, gains, n, d0)) + z  # noqa: E731
+    eps = 1e-9
+    low = -1.0 if f(-1 + eps) <= 0 else brentq(f, -1 + eps, est, xtol=1e-10)
+    high = 1.0 if g(1 - eps) >= 0 else brentq(g, est, 1 - eps, xtol=1e-10)
+    return float(low), float(high)
+
+
+def noninferiority_p(losses: int, gains: int, n: int, margin: float) -> float:
+    """One-sided p-value of H0: p_B − p_A ≤ −margin (B worse by the margin or more) for paired 0/1
+    outcomes: P(score ≥ observed) maximised over the loss probability on H0's boundary (exact
+    unconditional; normal approximation beyond EXACT_MAX_TASKS tasks)."""
+    from scipy.special import gammaln, xlogy
+    from scipy.stats import norm
+
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin must be in [0, 1), got {margin}")
+    d0 = -margin
+    z_obs = float(tango_score(losses, gains, n, d0))
+    if n > EXACT_MAX_TASKS:
+        return float(norm.sf(z_obs))
+    lo, ga = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
+    keep = lo + ga <= n
+    lo, ga = lo[keep].astype(float), ga[keep].astype(float)
+    rest = n - lo - ga
+    tail = tango_score(lo, ga, n, d0) >= z_obs - 1e-9
+    lo, ga, rest = lo[tail], ga[tail], rest[tail]
+    log_coef = gammaln(n + 1) - gammaln(lo + 1) - gammaln(ga + 1) - gammaln(rest + 1)
+    # boundary of H0: p_gain = q − margin, q in [margin, (1 + margin)/2]
+    qs = np.linspace(margin, (1 + margin) / 2, _GRID)
+    best = 0.0
+    for q in qs:
+        pg, pr = max(q - margin, 0.0), max(1 - 2 * q + margin, 0.0)
+        logp = log_coef + xlogy(lo, q) + xlogy(ga, pg) + xlogy(rest, pr)
+        best = max(best, float(np.exp(logp).sum()))
+    return float(min(1.0, best))

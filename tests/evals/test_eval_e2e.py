@@ -55,7 +55,10 @@ def test_oracle_resolves_everything_with_maximum_adherence(oracle_run, suite):
         r["outcome"] for r in map(json.loads, _lines(out / "results.jsonl"))
     ]
     assert s["correctness"]["pass_at_k"]["1"]["mean"] == 1.0
-    assert s["adherence"]["score"] == {"mean": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": n}
+    from etude.evals.stats import wilson_ci
+
+    # every task at 1.0: a 0/1 proportion, so a Wilson interval (never zero-width)
+    assert s["adherence"]["score"] == {"mean": 1.0, "ci_low": wilson_ci(n, n)[0], "ci_high": 1.0, "n": n}
     assert s["errors"] == 0 and s["flags"] == {}
     recs = [json.loads(x) for x in _lines(out / "results.jsonl")]
     assert len(recs) == n and all(r["diff"] for r in recs)

@@ -39,3 +39,55 @@ def test_wilcoxon_for_continuous_values():
     p = wilcoxon_p([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
     assert p == pytest.approx(2 / 2**8)  # exact: all ranks positive
     assert paired_test([0.2, 0.4], [0.3, 0.9])[1] == "wilcoxon"
+
+
+def test_wilson_interval_of_a_handful_of_tasks_is_never_zero_width():
+    from etude.evals.stats import wilson_ci
+
+    low, high = wilson_ci(0, 2)
+    assert low == 0.0 and high == pytest.approx(0.6576, abs=1e-3)  # not the bootstrap's [0, 0]
+    assert mean_ci([0.0, 0.0]) == {"mean": 0.0, "ci_low": 0.0, "ci_high": pytest.approx(0.6576, abs=1e-3), "n": 2}
+    low, high = wilson_ci(7, 10)
+    assert low == pytest.approx(0.3968, abs=1e-3) and high == pytest.approx(0.8922, abs=1e-3)
+    # non-0/1 values keep the bootstrap
+    assert mean_ci([0.5, 0.5])["ci_low"] == 0.5
+
+
+def test_tango_interval_solves_the_score_equation_and_covers():
+    import numpy as np
+
+    from etude.evals.stats import tango_ci, tango_score
+
+    low, high = tango_ci(3, 9, 40)
+    assert low < 6 / 40 < high
+    assert float(tango_score(3, 9, 40, low)) == pytest.approx(1.959964, abs=1e-5)
+    assert float(tango_score(3, 9, 40, high)) == pytest.approx(-1.959964, abs=1e-5)
+    assert tango_ci(0, 0, 30)[0] == pytest.approx(-tango_ci(0, 0, 30)[1]) and tango_ci(0, 0, 30)[0] < -0.1
+    assert tango_ci(0, 0, 120)[0] > -0.05  # more tasks, tighter
+    rng = np.random.default_rng(0)
+    p_loss, p_gain, n = 0.15, 0.05, 40
+    hits = 0
+    for _ in range(800):
+        lo, ga, _ = rng.multinomial(n, [p_loss, p_gain, 1 - p_loss - p_gain])
+        a, b = tango_ci(int(lo), int(ga), n)
+        hits += a <= p_gain - p_loss <= b
+    assert hits / 800 > 0.93
+
+
+def test_noninferiority_test_is_exact_on_the_boundary():
+    """The rejection region at level 0.025, evaluated exactly (multinomial sums) along the whole
+    boundary p_gain − p_loss = −margin: its probability never exceeds 0.025 (up to the grid)."""
+    import numpy as np
+    from scipy.stats import multinomial
+
+    from etude.evals.stats import noninferiority_p
+
+    n, margin = 20, 0.1
+    region = [(lo, ga) for lo in range(n + 1) for ga in range(n + 1 - lo) if noninferiority_p(lo, ga, n, margin) < 0.025]
+    assert (0, 0) not in region and (0, 8) in region  # 8 gains, no loss: non-inferior
+    for q in np.linspace(margin, (1 + margin) / 2, 37):
+        probs = [q, max(q - margin, 0.0), max(1 - 2 * q + margin, 0.0)]
+        size = sum(multinomial.pmf([lo, ga, n - lo - ga], n, probs) for lo, ga in region)
+        assert size <= 0.025 + 1e-3
+    # a bigger margin is easier to meet; more tasks without a loss make it easier too
+    assert noninferiority_p(0, 0, 60, 0.1) < noninferiority_p(0, 0, 60, 0.05) < noninferiority_p(0, 0, 30, 0.05)
