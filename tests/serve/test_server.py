@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from etude.harness import render_tools_prompt
 from etude.serve import registry
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
@@ -48,7 +49,9 @@ def test_tool_calls_come_back_as_openai_tool_calls_and_the_prompt_carries_the_to
     assert call.function.name == "read_file" and json.loads(call.function.arguments) == {"path": "a.py"}
     assert choice.message.content == "Let me look."
     system = server.policies["fake"].prompts[-1][0]
-    assert system.role == "system" and '"name": "read_file"' in system.content and "<tool_call>" in system.content
+    # the harness's own tools block, the text training uses (whatever its format)
+    assert system.role == "system" and system.content == render_tools_prompt(TOOLS)
+    assert "read_file" in system.content and "<tool_call>" in system.content
     # the client sends the call back with its result: accepted and passed to the model
     follow = c.chat.completions.create(model="auto", tools=TOOLS, messages=[
         {"role": "user", "content": "use a tool"},
@@ -289,7 +292,8 @@ def test_auto_routes_by_experiment_sticky_per_user_and_session(server):
 
 
 def test_a_full_queue_answers_429_and_every_200_is_logged(server_factory):
-    running = server_factory(delay_s=0.5, max_batch=1, max_queue=1)
+    # a slow model (1.5 s a batch) so the five requests overlap even on a loaded machine
+    running = server_factory(delay_s=1.5, max_batch=1, max_queue=1)
     c = client(running)
 
     def ask(i):
