@@ -84,8 +84,8 @@ class TrainSection:
 class EvalSection:
     suite: str = "builtin:eval"
     """held-out suite: a task file or builtin:SPLIT (never the traffic tasks)."""
-    max_tasks: int = 2
-    """first N tasks of the suite."""
+    max_tasks: int = 30
+    """first N tasks of the suite (at least `min_tasks`)."""
     max_steps: int = 2
     """harness turns per eval episode."""
     max_tokens: int = 32
@@ -95,9 +95,26 @@ class EvalSection:
     rule: str = "ci"
     """etude.evals.compare rule: "ci" or "point"."""
     margins: dict[str, float] | None = None
-    """gate margins per metric (None: etude.evals' defaults)."""
+    """gate margins per metric (None: etude.evals' defaults; resolved 0.05 = non-inferiority margin)."""
+    min_tasks: int = 30
+    """the gate refuses a smaller suite (etude.evals.CompareConfig.min_tasks); lowering it is allowed
+    but a suite of a few tasks can only ever be "inconclusive" (its interval cannot exclude harm)."""
     required: bool = True
-    """False: a failed gate is recorded but the candidate still goes to canary."""
+    """False: the gate is advisory — a failed or inconclusive gate is recorded, the candidate still
+    goes to canary and the readout alone decides."""
+    on_inconclusive: str = "rollback"
+    """required gate, verdict "inconclusive": "rollback" retires the candidate before any user sees
+    it; "canary" runs the canary and records its readout, but the cycle still never promotes (a
+    "promote" from the readout becomes a rollback that says why)."""
+
+    def __post_init__(self) -> None:
+        if self.on_inconclusive not in ("rollback", "canary"):
+            raise EtudeError(f"[eval] on_inconclusive must be rollback or canary, not {self.on_inconclusive!r}")
+        if self.min_tasks < 1:
+            raise EtudeError("[eval] min_tasks must be >= 1")
+        if self.max_tasks < self.min_tasks:
+            raise EtudeError(f"[eval] max_tasks {self.max_tasks} < min_tasks {self.min_tasks}: the gate would refuse "
+                             f"the suite; raise max_tasks or set min_tasks explicitly")
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,15 @@ class CanarySection:
     primary_higher_is_better: bool = True
     """direction of `primary` (False for e.g. dissatisfied_rate)."""
     harm_margin: float = 0.0
-    """promote when the primary metric's lift interval lies above -harm_margin (relative)."""
+    """promote when the primary metric's always-valid lift interval lies above -harm_margin (relative)."""
+    mde: float | None = None
+    """relative minimum detectable effect on `primary`: tunes the mSPRT's mixture variance for it
+    (etude.experiments.power); with `user_cv` it also sets the planned users per arm."""
+    power: float = 0.8
+    """fixed-horizon power at `mde` the plan is made for."""
+    user_cv: float | None = None
+    """per-user coefficient of variation of `primary` (measure it on production's logged rows with
+    `etude ab plan --events`); with `mde` the plan's users per arm follow (statsmodels)."""
     guardrails: tuple[GuardrailSpec, ...] = (GuardrailSpec("dissatisfied_rate", False, 0.5),
                                              GuardrailSpec("latency_s", False, 1.0))
     """non-inferiority guardrails (etude.experiments.Guardrail); a failing one rolls back."""
@@ -137,6 +162,25 @@ class CanarySection:
         bad = [m for m in (self.primary, *(g.metric for g in self.guardrails)) if m not in METRICS]
         if bad:
             raise EtudeError(f"[canary] unknown metric(s) {', '.join(bad)}; known: {', '.join(METRICS)}")
+        if self.user_cv is not None and self.mde is None:
+            raise EtudeError("[canary] user_cv needs an mde (the effect the plan is for)")
+        if self.mde is not None:
+            self.plan()  # validates mde, power, user_cv
+
+    def plan(self) -> Any:
+        """etude.experiments.power.ABPlan for the primary metric, or None without mde and user_cv."""
+        if self.mde is None or self.user_cv is None:
+            if self.mde is not None:
+                from etude.experiments.power import tau_rel_for
+
+                tau_rel_for(self.mde, self.alpha, self.power)
+            return None
+        from etude.experiments.power import plan
+
+        try:
+            return plan(self.mde, self.user_cv, alpha=self.alpha, power=self.power, weights=self.weights)
+        except EtudeError as e:
+            raise EtudeError(f"[canary] {e}") from None
 
 
 @dataclass(frozen=True)
@@ -184,6 +228,18 @@ class LoopConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     canary: CanarySection = field(default_factory=CanarySection)
     alarms: AlarmSection = field(default_factory=AlarmSection)
+
+    def __post_init__(self) -> None:
+        p = self.canary.plan()
+        if p is not None and self.traffic.kind == "scripted":
+            # scripted traffic has `traffic.users` distinct users, split by the canary weights
+            reach = [self.traffic.users * w / sum(self.canary.weights) for w in self.canary.weights]
+            if any(r < n for r, n in zip(reach, p.users_per_arm, strict=True)):
+                raise EtudeError(
+                    f"[canary] the plan needs {p.users_per_arm[0]}/{p.users_per_arm[1]} users per arm for a "
+                    f"{self.canary.mde:.1%} lift (user_cv {self.canary.user_cv:g}, power {self.canary.power:g}) but "
+                    f"[traffic] users = {self.traffic.users} reaches about {reach[0]:.0f}/{reach[1]:.0f}: raise "
+                    f"users or the mde")
 
     def db_url(self) -> str:
         return self.db or f"sqlite:///{Path(self.root).resolve() / 'etude.db'}"

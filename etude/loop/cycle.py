@@ -6,16 +6,20 @@ readout → decide (promote or roll back). Read `run_cycle`, then one function p
             log-probs, rewards); too few samples ends the cycle with decision "skip".
 - train:    etude.loop.training from the production checkpoint's weights → a model directory.
 - eval:     etude.evals.run_eval of production and candidate on the held-out suite, then
-            etude.evals.compare (production = A, candidate = B) → gate_passed.
-- register: the candidate in the registry (state candidate, parent = production).
+            etude.evals.compare (production = A, candidate = B) → gate passed / failed /
+            inconclusive (a suite below eval.min_tasks is refused: the stage fails with that error).
+- register: the candidate in the registry (state candidate, parent = production); a failed gate,
+            or an inconclusive one under eval.on_inconclusive = "rollback", skips canary and
+            readout and rolls back.
 - canary:   an experiment routes `canary.weights` of the org's users to control / canary; rounds
             of traffic, each followed by an interim readout, until the decision rule decides or
             `canary.rounds` is reached (the max window).
 - readout:  the final A/B readout (etude.experiments.analyze on per-user rows from the store),
             arm ratios and hack alarms → `readout.json`.
 - decide:   the rule (docs/loop.md): roll back on SRM, a fired alarm or a failed guardrail;
-            promote when the primary metric's msprt_p < alpha with a positive lift, or its lift
-            interval lies above -harm_margin; otherwise (the window is spent) roll back.
+            promote when the primary metric's msprt_p < alpha with a positive lift, or its
+            always-valid lift interval lies above -harm_margin; otherwise (the window is spent)
+            roll back. A required gate that was inconclusive never promotes.
 
 Every stage is idempotent and the cycle is resumable (see state.py): rerunning after a kill -9
 resumes at the first unfinished stage and never redoes a finished one. Not guaranteed: a stage
@@ -40,6 +44,7 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.loop.config import LoopConfig
+from etude.loop.decision import gate_status, gated, inconclusive_reason
 from etude.loop.state import STAGES, CycleState
 
 
@@ -243,14 +248,16 @@ class _Cycle:
         cand_dir = self.dir / "eval-candidate"
         a = run_eval(self.cfg.eval.suite, self.prod["path"], prod_dir, ecfg)
         b = run_eval(self.cfg.eval.suite, self.state.stage("train")["outputs"]["checkpoint"], cand_dir, ecfg)
-        cc = CompareConfig(rule=self.cfg.eval.rule, **({"margins": dict(self.cfg.eval.margins)}
-                                                      if self.cfg.eval.margins is not None else {}))
+        cc = CompareConfig(rule=self.cfg.eval.rule, min_tasks=self.cfg.eval.min_tasks,
+                           **({"margins": dict(self.cfg.eval.margins)} if self.cfg.eval.margins is not None else {}))
         verdict = compare(prod_dir, cand_dir, cc)
         _write_json(self.dir / "eval-compare.json", verdict)
-        short = {"gate_passed": verdict["gate_passed"], "regressions": verdict["regressions"],
-                 "improvements": verdict["improvements"], "tasks": verdict["tasks"],
+        short = {"gate": verdict["gate"], "gate_passed": verdict["gate_passed"], "regressions": verdict["regressions"],
+                 "inconclusive": verdict["inconclusive"], "improvements": verdict["improvements"],
+                 "tasks": verdict["tasks"], "min_tasks": verdict["min_tasks"],
                  "metrics": {m: {k: verdict["metrics"][m].get(k) for k in ("a", "b", "delta", "ci_low", "ci_high",
-                                                                          "p_value", "regression")}
+                                                                          "p_value", "ni_p_value", "verdict",
+                                                                          "regression")}
                              for m in ("resolved", "adherence", "reward", "broken_calls")},
                  "production_resolved": a["correctness"]["resolved_rate"]["mean"],
                  "candidate_resolved": b["correctness"]["resolved_rate"]["mean"], "production_dir": str(prod_dir),
@@ -279,8 +286,13 @@ class _Cycle:
                                               parent=self.prod["name"], meta={"cycle": self.index, "loop": self.cfg.name})
         self.state.finish("register", checkpoint={"name": cp.name, "path": cp.path, "version": cp.version})
         gate = self.state.stage("eval")["outputs"]["verdict"]
-        if self.cfg.eval.required and not gate["gate_passed"]:
+        if not self.cfg.eval.required:
+            return
+        status = gate_status(gate)
+        if status == "failed":
             self._skip_rest("register", f"eval gate failed: {', '.join(gate['regressions'])}", "rollback")
+        elif status == "inconclusive" and self.cfg.eval.on_inconclusive == "rollback":
+            self._skip_rest("register", f"eval gate {inconclusive_reason(gate)}", "rollback")
 
     def stage_canary(self) -> None:
         from etude.loop.decision import decide
@@ -313,10 +325,13 @@ class _Cycle:
         c = self.cfg.canary
         facts = interaction_facts(self.store, self.cfg.org, exp_id)
         rows = ab_rows(facts)
-        cfg = ABConfig(alpha=c.alpha, weights=c.weights,
+        cfg = ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power,
                        guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
         arms = {r["arm"] for r in rows}
         ab = analyze(rows, cfg) if arms == {"control", "treatment"} else None
+        plan = c.plan()
+        if ab is not None and plan is not None:
+            ab["plan"] = plan.to_dict()
         ratios = arm_ratios(facts)
         return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
 
@@ -329,6 +344,8 @@ class _Cycle:
         verdict, reason = decide(rd, self.cfg.canary)
         if verdict is None:
             verdict, reason = "rollback", f"undecided after {self.cfg.canary.rounds} round(s) (the max window): {reason}"
+        if self.cfg.eval.required:
+            verdict, reason = gated(verdict, reason, self.state.stage("eval")["outputs"].get("verdict") or {})
         _write_json(self.dir / "readout.json", rd)
         self.state.finish("readout", **rd)
         self.state.stage("decide")["outputs"].update(planned=verdict, planned_reason=reason)

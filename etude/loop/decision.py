@@ -7,9 +7,17 @@ In order, the first that applies wins:
 4. a guardrail failed (its worst plausible change past margin)  → rollback
 5. primary metric: msprt_p < alpha and lift worse                → rollback (significantly worse)
 6. primary metric: msprt_p < alpha and lift better                → promote
-7. primary metric: the interval's bad end within -harm_margin   → promote
+7. primary metric: the always-valid interval's bad end within -harm_margin → promote
 8. otherwise                                                    → keep collecting (None); when the
    max window is spent the caller rolls back (the default is the safe side).
+
+Rule 7 reads the mSPRT's always-valid interval (`msprt_ci_low` / `msprt_ci_high`), not the
+fixed-horizon one: the rule runs after every canary round, and checking a fixed-horizon interval
+at every round is the naive peeking that inflates false promotions (bench/ab_simulation.py: 22% at
+α = 0.05 over 20 looks). A readout without the always-valid interval never promotes by rule 7.
+
+The eval gate (`gated`): a required gate that was "inconclusive" (its interval could not exclude
+harm) never promotes — a "promote" becomes a rollback that gives both reasons.
 """
 
 from __future__ import annotations
@@ -42,11 +50,38 @@ def _primary(ab: dict[str, Any], canary: Any) -> tuple[str | None, str]:
     desc = f"{canary.primary} lift {lift:+.1%} [{m['ci_low']:+.1%}, {m['ci_high']:+.1%}], msprt_p {p:.3g}"
     higher = canary.primary_higher_is_better
     gain = lift if higher else -lift
-    worst = m["ci_low"] if higher else -m["ci_high"]  # the interval's bad end, as a gain
+    av_low, av_high = m.get("msprt_ci_low"), m.get("msprt_ci_high")
     if p < canary.alpha and gain < 0:
         return "rollback", f"significantly worse: {desc}"
     if p < canary.alpha and gain > 0:
         return "promote", f"significantly better: {desc}"
-    if worst > -canary.harm_margin:
-        return "promote", f"interval excludes harm (> -{canary.harm_margin:.0%}): {desc}"
+    if av_low is not None and av_high is not None:
+        worst = av_low if higher else -av_high  # the always-valid interval's bad end, as a gain
+        if worst > -canary.harm_margin:
+            return "promote", (f"always-valid interval [{av_low:+.1%}, {av_high:+.1%}] excludes harm "
+                               f"(> -{canary.harm_margin:.0%}): {desc}")
     return None, f"not yet decisive: {desc}"
+
+
+def gate_status(gate: dict[str, Any]) -> str:
+    """"passed" | "failed" | "inconclusive" of an eval verdict (older verdicts: from gate_passed)."""
+    if gate.get("gate") in ("passed", "failed", "inconclusive"):
+        return str(gate["gate"])
+    return "passed" if gate.get("gate_passed") else "failed"
+
+
+def inconclusive_reason(gate: dict[str, Any]) -> str:
+    metrics = ", ".join(gate.get("inconclusive") or []) or "?"
+    return (f"inconclusive on {gate.get('tasks', '?')} task(s): the interval of {metrics} cannot exclude harm "
+            f"beyond the margin")
+
+
+def gated(verdict: str, reason: str, gate: dict[str, Any]) -> tuple[str, str]:
+    """The final decision under a required eval gate: an inconclusive gate never promotes."""
+    status = gate_status(gate)
+    if status == "passed":
+        return verdict, reason
+    why = inconclusive_reason(gate) if status == "inconclusive" else f"failed: {', '.join(gate.get('regressions') or [])}"
+    if verdict == "promote":
+        return "rollback", f"not promoted: eval gate {why} (the readout said: {reason})"
+    return verdict, f"{reason}; and the eval gate was {why}"
