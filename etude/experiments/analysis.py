@@ -12,7 +12,9 @@ What it computes, per metric (rows are `user_id, arm, metric, numerator, denomin
   (mSPRT, Johari et al.): Λ = sqrt(V/(V+τ²))·exp(τ²Δ²/(2V(V+τ²))), p = min(1, 1/Λ) taken as a
   running minimum over looks. With a `ts` column the looks follow time order; without one the
   rows' file order is used. It is valid at any stopping time, so the loop may peek as often as
-  it likes;
+  it likes. τ = `tau_rel` × the control ratio; with `ABConfig.mde` it is tuned for that minimum
+  detectable effect at the planned size (etude.experiments.power). `msprt_ci_low/high` is the
+  always-valid interval of the lift (the shifts the mSPRT does not reject, over all looks);
 - and for the experiment, `srm_p`: a chi-square test of the user counts per arm against the
   configured weights (sample ratio mismatch means the randomisation or logging is broken and
   no metric should be trusted).
