@@ -63,7 +63,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/train/learner.py",
     "etude/train/loop.py",
     "etude/train/rollout.py",
-    "etude/train/sft.py",
     "etude/train/sft_cli.py",
 })
 

@@ -1,45 +1,86 @@
 """`TasksEnv`: repository tasks as an RL environment (`protocols.Env`) — multi-turn episodes
 through the harness and the sandbox (`run_episode`), graded in a clean copy and scored by
 `etude.rewards.score`. The single-turn families live in `etude.train.envs`.
+
+Tasks come from `tasks_file`: a JSONL, or `builtin:curriculum:SPLIT[:LEVEL]` (the curriculum's
+package-disjoint split), or, when unset, the built-in suite. Evaluation uses `eval_tasks_file`
+(e.g. the curriculum's validation split) when given, else the last `num_test` tasks of the file.
+
+Episodes of one rollout run `workers` at a time; a local model then answers the waiting turns of
+all of them in one batch (`etude.policy.batcher.BatchedPolicy`). `choose` picks a batch's tasks
+by their success so far (weight p(1-p) + 0.05 with p the smoothed success rate), so tasks that
+are always or never solved — whose GRPO groups carry no signal — are drawn less. Every episode's
+`meta` carries what hack monitoring plots: flags, edits of test files, broken calls,
+clarifications, answer length, turns. Not guaranteed: the success statistics are not saved in
+checkpoints (a resumed run starts them afresh).
 """
 
 from __future__ import annotations
 
+import random
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from etude.envs.episode import run_episode
 from etude.errors import EtudeError
 from etude.harness import HarnessConfig
+from etude.policy.batcher import BatchedPolicy, batchable
 from etude.rewards import RewardConfig, score
+from etude.rewards.terms import answers, asks_question
 from etude.tasks import builtin_suite, load_tasks
+from etude.tasks.curriculum import builtin_curriculum
 from etude.types import Episode, Message, Problem, Task, TurnSample
 
 
-class TasksEnv:
-    """Multi-turn repository tasks: harness + sandbox episodes, graded in a clean copy.
+def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
+    """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], or builtin:SPLIT (the built-in suite)."""
+    if spec.startswith("builtin:curriculum:"):
+        split, _, level = spec.removeprefix("builtin:curriculum:").partition(":")
+        if level and not level.isdigit():
+            raise EtudeError(f"bad curriculum level in {spec!r}")
+        return builtin_curriculum(split, int(level or 1), max_tasks=limit)
+    if spec.startswith("builtin:"):
+        return builtin_suite(spec.split(":", 1)[1] or "train", limit)
+    tasks = list(load_tasks(spec))
+    return tasks[:limit] if limit else tasks
 
-    Problems come from `tasks_file` (the last `num_test` tasks are held out) or from the
-    built-in suite (`etude.tasks.builtin_suite`: its train split, at most `num_train` tasks,
-    and its eval split, at most `num_test`), built on first use.
-    """
+
+class TasksEnv:
+    """Multi-turn repository tasks (see the module doc)."""
 
     name = "tasks"
 
     def __init__(self, tasks_file: str | None = None, num_train: int = 8, num_test: int = 1, max_steps: int = 6,
-                 **_: Any):
+                 eval_tasks_file: str | None = None, workers: int = 1, harness: dict[str, Any] | None = None, **_: Any):
         self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
+        self.eval_tasks_file, self.workers = eval_tasks_file, max(1, workers)
+        self.harness = dict(harness or {})
+        HarnessConfig(**{**self.harness, "max_steps": max_steps})  # a bad key fails now, not mid-run
         self._cache: dict[str, list[Task]] = {}
+        self._stats: dict[str, list[int]] = {}  # task id -> [solved, tried]
+        self._lock = threading.Lock()
+        self._wrapped: tuple[Any, Any] | None = None  # (policy, its batched wrapper)
 
     def _tasks(self, split: str) -> list[Task]:
-        if split not in self._cache:
-            if self.tasks_file:
-                every = list(load_tasks(self.tasks_file))
-                cut = max(1, len(every) - self.num_test)
-                self._cache = {"train": every[:cut][: self.num_train], "test": every[cut:]}
+        if split in self._cache:
+            return self._cache[split]
+        if self.tasks_file and self.tasks_file.startswith("builtin:curriculum:"):
+            if split == "train":
+                self._cache["train"] = load_task_spec(self.tasks_file, self.num_train)
             else:
-                self._cache[split] = list(builtin_suite("train" if split == "train" else "eval",
-                                                        self.num_train if split == "train" else self.num_test))
+                spec = self.eval_tasks_file or self.tasks_file.rsplit(":", 1)[0].replace(":train", ":validation")
+                self._cache["test"] = load_task_spec(spec, self.num_test)
+        elif self.tasks_file:
+            every = load_task_spec(self.tasks_file)
+            cut = max(1, len(every) - self.num_test)
+            self._cache["train"] = every[:cut][: self.num_train]
+            self._cache["test"] = (load_task_spec(self.eval_tasks_file, self.num_test) if self.eval_tasks_file
+                                   else every[cut:])
+        else:
+            self._cache[split] = list(builtin_suite("train" if split == "train" else "eval",
+                                                    self.num_train if split == "train" else self.num_test))
         return self._cache[split]
 
     def problems(self, split: str) -> list[Problem]:
@@ -47,15 +88,65 @@ class TasksEnv:
             raise EtudeError(f"unknown split {split!r}")
         return [Problem(t.instance_id, "tasks", (Message("user", t.problem_statement),), t) for t in self._tasks(split)]
 
+    # -- curriculum
+
+    def choose(self, problems: Sequence[Problem], k: int, rng: random.Random) -> list[int]:
+        """`k` distinct problem indices, weighted towards tasks solved about half the time."""
+        with self._lock:
+            w = []
+            for p in problems:
+                solved, tried = self._stats.get(p.id, [0, 0])
+                rate = (solved + 1) / (tried + 2)
+                w.append(rate * (1 - rate) + 0.05)
+        idx: list[int] = []
+        pool = list(range(len(problems)))
+        for _ in range(min(k, len(pool))):
+            i = rng.choices(range(len(pool)), weights=[w[j] for j in pool])[0]
+            idx.append(pool.pop(i))
+        return idx
+
+    def success_rates(self) -> dict[str, float]:
+        with self._lock:
+            return {t: s / n for t, (s, n) in self._stats.items() if n}
+
+    # -- episodes
+
+    def _policy(self, policy: Any) -> Any:
+        if self.workers == 1 or not batchable(policy):
+            return policy
+        if self._wrapped is None or self._wrapped[0] is not policy:
+            self._wrapped = (policy, BatchedPolicy(policy, max_batch=self.workers))
+        return self._wrapped[1]
+
     def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
                 top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
-        hc = HarnessConfig(max_steps=self.max_steps, max_tokens_per_turn=max_tokens, temperature=temperature)
-        out = []
-        for p in problems:
-            for _ in range(n):
-                traj, outcome = run_episode(p.answer, policy, hc)
-                br = score(traj, p.answer, outcome, RewardConfig())
-                turns = [TurnSample.of(t.generation) for t in traj.turns if t.generation.token_ids]
-                out.append(Episode(p.id, p.family, br.total, dict(br.terms), outcome.resolved, turns,
-                                   traj.policy_version, traj.final_message, {"stop": traj.stop_reason}))
-        return out
+        hc = HarnessConfig(**{**self.harness, "max_steps": self.max_steps, "max_tokens_per_turn": max_tokens,
+                              "temperature": temperature})
+        pol = self._policy(policy)
+        jobs = [p for p in problems for _ in range(n)]  # prompt-major, as the learner groups them
+        with ThreadPoolExecutor(self.workers) as pool:
+            return list(pool.map(lambda p: self._one(pol, p, hc), jobs))
+
+    def _one(self, policy: Any, p: Problem, hc: HarnessConfig) -> Episode:
+        traj, outcome = run_episode(p.answer, policy, hc)
+        br = score(traj, p.answer, outcome, RewardConfig())
+        with self._lock:
+            s = self._stats.setdefault(p.id, [0, 0])
+            s[0] += int(outcome.resolved)
+            s[1] += 1
+        turns = [TurnSample.of(t.generation) for t in traj.turns if t.generation.token_ids]
+        flags = [f.name for f in br.flags]
+        said = answers(traj)
+        meta = {
+            "stop": traj.stop_reason,
+            "hack_flags": float(len(flags)),
+            "test_edits": float(sum(1 for f in flags if f in ("test_file_edit", "conftest_edit"))),
+            "broken_calls": float(traj.broken_calls),
+            "clarifications": float(sum(1 for a in said if asks_question(a))),
+            "answer_chars": float(len(traj.final_message)),
+            "turns": float(len(traj.turns)),
+            "tokens": float(traj.prompt_tokens + traj.completion_tokens),
+            "flags": flags,
+        }
+        return Episode(p.id, p.family, br.total, dict(br.terms), outcome.resolved, turns,
+                       traj.policy_version, traj.final_message, meta)

@@ -20,7 +20,7 @@ eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence
 @eval_app.callback()
 def eval_cmd(
     ctx: typer.Context,
-    suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet) or builtin:eval.")] = None,
+    suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet), builtin:eval, or builtin:curriculum:SPLIT[:LEVEL].")] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL[#NAME] | model name or path.")
     ] = None,
@@ -32,6 +32,7 @@ def eval_cmd(
     model_name: Annotated[str | None, typer.Option(help="Served model name for a URL model.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="Engine of a local model: hf or vllm (`make setup-vllm`).")] = "hf",
     report: Annotated[bool, typer.Option(help="Write report.html.")] = True,
+    agent_config: Annotated[Path | None, typer.Option("--agent-config", help="A TOML whose [harness] table sets the agent (e.g. configs/agent_sft.toml): evaluate with the harness a model was trained with.")] = None,
 ) -> None:
     """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -42,8 +43,18 @@ def eval_cmd(
     missing = [n for n, v in (("--suite", suite), ("--model", model), ("--out", out)) if not v]
     if missing:
         raise EtudeError(f"etude eval needs {', '.join(missing)} (or a subcommand: compare, report)")
+    harness = None
+    if agent_config is not None:
+        from etude.configfile import read_toml
+        from etude.harness import HarnessConfig
+
+        table = read_toml(agent_config, "agent config").get("harness") or {}
+        try:
+            harness = HarnessConfig(**table)
+        except TypeError as e:
+            raise EtudeError(f"bad [harness] in {agent_config}: {e}") from None
     cfg = EvalConfig(workers=workers, samples=samples, max_tasks=max_tasks, max_steps=max_steps,
-                     model_name=model_name, backend=backend, report=report)  # fmt: skip
+                     model_name=model_name, backend=backend, report=report, harness=harness)  # fmt: skip
     print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
 
 

@@ -80,7 +80,11 @@ def _scripted(outputs: list[Any], pid: str, final: str) -> Policy:
 def _shared(policy: Policy) -> PolicyFactory:
     # One model instance for every episode: loading weights per task would dominate the run, and
     # loading it here, before any episode, makes a bad model spec fail at once with one clear line.
-    return lambda task, sample: policy
+    # A local model answers concurrent episodes in batches (one forward for every waiting turn).
+    from etude.policy.batcher import BatchedPolicy, batchable
+
+    shared = BatchedPolicy(policy) if batchable(policy) else policy
+    return lambda task, sample: shared
 
 
 def policy_factory(spec: str, model_name: str | None = None, backend: str = "hf") -> PolicyFactory:

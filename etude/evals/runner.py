@@ -43,14 +43,17 @@ RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json",
 def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = None) -> list[Task]:
     """Tasks from a file, `builtin:SPLIT` (the built-in suite), or a list of Tasks."""
     from etude.tasks import builtin_suite, load_tasks
+    from etude.tasks.curriculum import builtin_curriculum
 
     if isinstance(suite, (str, Path)):
         text = str(suite)
-        tasks = (
-            builtin_suite(text.split(":", 1)[1] or "eval", max_tasks)
-            if text.startswith("builtin:")
-            else load_tasks(suite)
-        )
+        if text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
+            split, _, level = text.removeprefix("builtin:curriculum:").partition(":")
+            tasks = builtin_curriculum(split, int(level or 1) if (level or "1").isdigit() else -1, max_tasks=max_tasks)
+        elif text.startswith("builtin:"):
+            tasks = builtin_suite(text.split(":", 1)[1] or "eval", max_tasks)
+        else:
+            tasks = load_tasks(suite)
     else:
         tasks = list(suite)
     tasks = tasks[:max_tasks] if max_tasks is not None else tasks
@@ -203,9 +206,14 @@ def efficiency(traj: Trajectory) -> dict[str, Any]:
     from etude.rewards.terms import answers, asks_question
 
     per_turn = [sum(1 for x in t.tool_executions if x.call.name != "submit") for t in traj.turns]
+    executed = [x for t in traj.turns for x in t.tool_executions]
+    malformed = sum(len(t.parse_errors) for t in traj.turns) + sum(1 for x in executed if _malformed(x.result))
+    all_calls = len(executed) + sum(len(t.parse_errors) for t in traj.turns)
     return {
         "turns": len(traj.turns),
         "tool_calls": sum(per_turn),
+        "calls_issued": all_calls,  # every call the model wrote, well-formed or not (submit included)
+        "calls_well_formed": all_calls - malformed,  # parsed, named a tool offered, arguments fit its schema
         "parallel_calls": sum(n for n in per_turn if n > 1),
         "max_calls_per_turn": max(per_turn, default=0),
         "prompt_tokens": traj.prompt_tokens,
@@ -217,6 +225,12 @@ def efficiency(traj: Trajectory) -> dict[str, Any]:
         "stop_reason": traj.stop_reason,
         "token_counts": traj.meta.get("token_counts"),
     }
+
+
+def _malformed(r: Any) -> bool:
+    kind = (r.meta or {}).get("error_kind")
+    return (not r.ok) and (kind in ("unknown_tool", "invalid_arguments", "invalid_call")
+                           or (r.error or "").startswith("unknown tool"))
 
 
 def _safe(name: str) -> str:

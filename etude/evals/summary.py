@@ -15,7 +15,7 @@ from typing import Any
 
 from etude.evals.adherence import COMPONENTS
 from etude.evals.config import EvalConfig
-from etude.evals.stats import mean_ci, pass_at_k
+from etude.evals.stats import mean_ci, pass_at_k, wilson_ci
 from etude.types import Task
 
 EFFICIENCY = ("turns", "tool_calls", "parallel_calls", "prompt_tokens", "completion_tokens", "tokens", "wall_s",
@@ -78,6 +78,39 @@ def _efficiency(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, 
     return out
 
 
+def behaviour(groups: dict[str, list[dict[str, Any]]], confidence: float = 0.95) -> dict[str, Any]:
+    """How the agent works, over every finished episode: the share of its tool calls that were
+    well formed and of its calls issued alongside others in one turn (Wilson intervals over calls),
+    and per-episode means of turns, tool calls and tokens; tokens per resolved episode is all
+    tokens spent divided by the episodes resolved (None when none was)."""
+    recs = [r for rs in groups.values() for r in rs if _ok(r)]
+    eff = [r.get("efficiency") or {} for r in recs]
+    issued = sum(int(e.get("calls_issued", 0)) for e in eff)
+    good = sum(int(e.get("calls_well_formed", 0)) for e in eff)
+    calls = sum(int(e.get("tool_calls", 0)) for e in eff)
+    parallel = sum(int(e.get("parallel_calls", 0)) for e in eff)
+    tokens = [float(e.get("tokens", 0)) for e in eff]
+    resolved = sum(1 for r in recs if r.get("resolved"))
+
+    def prop(k: int, n: int) -> dict[str, Any]:
+        low, high = wilson_ci(k, n, confidence) if n else (None, None)
+        return {"mean": k / n if n else None, "ci_low": low, "ci_high": high, "k": k, "n": n}
+
+    def avg(key: str) -> float | None:
+        vals = [float(e.get(key, 0)) for e in eff]
+        return statistics.fmean(vals) if vals else None
+
+    return {
+        "episodes": len(recs),
+        "valid_call_rate": prop(good, issued),
+        "parallel_call_share": prop(parallel, calls),
+        "turns_mean": avg("turns"),
+        "tool_calls_mean": avg("tool_calls"),
+        "tokens_mean": statistics.fmean(tokens) if tokens else None,
+        "tokens_per_resolved": sum(tokens) / resolved if resolved else None,
+    }
+
+
 def _component_getter(c: str) -> Callable[[dict[str, Any]], Any]:
     def get(r: dict[str, Any]) -> Any:
         return ((r.get("adherence") or {}).get("components") or {}).get(c) if _ok(r) else None
@@ -113,6 +146,7 @@ def summarise(records: Sequence[dict[str, Any]], tasks: Sequence[Task], cfg: Eva
         },
         "adherence": _adherence(groups, kw),
         "efficiency": _efficiency(groups, kw),
+        "behaviour": behaviour(groups, cfg.confidence),
         "reward": mean_ci(_per_task(groups, g["reward"], None), **kw),
         "flags": dict(sorted(flags.items())),
     }

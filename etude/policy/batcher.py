@@ -238,3 +238,39 @@ def _step_streamer(jobs: list[Job], stop_ids: set[int]) -> Any:
             pass
 
     return RowStreamer()
+
+
+class BatchedPolicy:
+    """A `Policy` whose concurrent `generate` calls — one per episode thread, as in evaluation, RL
+    rollouts and simulated users — run as batches on one model through a `Batcher`. Each thread
+    names itself as the batcher's client, so closed-loop episodes that fell out of step (one was
+    running its tests) merge into one batch again. Everything else is the wrapped policy's."""
+
+    def __init__(self, policy: Any, *, max_batch: int = 16, wait_ms: float = 20.0, max_wait_ms: float = 200.0):
+        self.inner = policy
+        self.batcher = Batcher(policy, max_batch=max_batch, wait_ms=wait_ms, max_wait_ms=max_wait_ms)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
+                 temperature: float = 0.7, top_p: float | None = None, **_: Any) -> Generation:
+        job = Job(messages, self.inner.encode_prompt(messages), max_tokens, temperature,
+                  getattr(self.inner, "top_p", 1.0) if top_p is None else top_p,
+                  client=threading.current_thread().name)
+        return self.batcher.submit(job).result()
+
+    def close(self) -> None:
+        self.batcher.close()
+
+
+def batchable(policy: Any) -> bool:
+    return hasattr(policy, "encode_prompt") and hasattr(policy, "generate_ids")

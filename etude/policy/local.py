@@ -41,7 +41,7 @@ from etude.types import Generation, Message
 
 from .models import load_model
 
-__all__ = ["LocalPolicy", "load_model", "render_messages"]
+__all__ = ["LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
 
 
 def render_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
@@ -57,6 +57,28 @@ def render_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
             content = (content + "\n" + calls) if content else calls
         out.append({"role": m.role, "content": content})
     return out
+
+
+def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    """Token ids of the chat-templated conversation, ending with the assistant header: the one
+    renderer behind sampling (`LocalPolicy.encode_prompt`), serving and SFT (`etude.train.sft`)."""
+    if not messages:
+        raise EtudeError("cannot generate from an empty conversation")
+    ids = tokenizer.apply_chat_template(
+        render_messages(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def completion_ids(tokenizer: Any, message: Message) -> list[int]:
+    """The ids a model samples for assistant `message`: its rendered content, then end-of-turn."""
+    content = render_messages([message])[0]["content"]
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        end = tokenizer.eos_token_id
+    return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end)]
 
 
 class LocalPolicy:
@@ -103,14 +125,7 @@ class LocalPolicy:
 
     def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of the chat-templated conversation, ending with the assistant header."""
-        if not messages:
-            raise EtudeError("cannot generate from an empty conversation")
-        ids = self.tokenizer.apply_chat_template(
-            render_messages(messages), add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
-            ids = ids["input_ids"]
-        return list(ids)
+        return encode_conversation(self.tokenizer, messages)
 
     # --- sampling -------------------------------------------------------------------------
 

@@ -76,7 +76,7 @@ BUILTIN: tuple[Member, ...] = (
     Member("colorama==0.4.6", "08695f5cb7ed6e0531a20572697297273c47b8cae5a63ffc6d6ed5c201be6e44", "validation", 15),
     Member("idna==3.10", "12f65c9b470abda6dc35cf8e63cc574b1c52b11df2c86030af0ac09b01b13ea9", "test", 25),
     Member("itsdangerous==2.2.0", "e0050c0b7da1eea53ffaf149c0cfbb5c6e2e2b69c4bef22c81fa6eb73e5f6173", "test", 25),
-    Member("text-unidecode==1.3", "bad6603bb14d279193107714b288be206cac565dfa49aa5b105294dd5c4aab93", "test", 20),
+    Member("parse==1.22.4", "706d458feed5a81b02768d3156e8070baf6cee7d150a3a3c0cd43101a875c3b5", "test", 25),
     Member("schema==0.7.8", "e86cc08edd6fe6e2522648f4e47e3a31920a76e82cce8937535422e310862ab5", "test", 25),
     Member("inflection==0.5.1", "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417", "test", 25),
 )  # fmt: skip
@@ -212,7 +212,7 @@ def _mined(name: str, ver: str, say: Progress) -> list[Task]:
             if normalise(pkg.name) == normalise(name) and v_from == ver:
                 fetch_sdist(pkg.name, v_from, sha)
                 try:
-                    out += mine(pkg.name, v_from, v_to, progress=lambda m: say(f"{name} {v_from}->{v_to}: {m}"))
+                    out += mine(pkg.name, v_from, v_to, progress=lambda m, tag=f"{name} {v_from}->{v_to}": say(f"{tag}: {m}"))
                 except EtudeError as e:
                     print(f"etude: warning: mining {name} {v_from}->{v_to}: {e}", file=sys.stderr)
     return out

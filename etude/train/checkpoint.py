@@ -59,16 +59,21 @@ def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tens
     opt.load_state_dict({"state": state, "param_groups": groups})
 
 
-def save_checkpoint(out: Path, learner: Any, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write checkpoint `step-{state['step']:06d}` atomically and point `latest` at it."""
+def save_checkpoint(out: Path, learner: Any, state: dict[str, Any], keep: int = 2, *, model: Any = None,
+                    optimizer_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write checkpoint `step-{state['step']:06d}` atomically and point `latest` at it.
+    Under FSDP2 rank 0 passes the unsharded `model` holding the gathered weights and the gathered
+    `optimizer_tensors` (etude.train.distributed), so the files are those of a one-process run."""
     root = ckpt_root(out)
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{int(state['step']):06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    learner.model.save_pretrained(tmp, safe_serialization=True)
+    (model if model is not None else learner.model).save_pretrained(tmp, safe_serialization=True)
     if learner.tokenizer is not None:
         learner.tokenizer.save_pretrained(tmp)
     tensors, groups = _optimizer_tensors(learner.opt)
+    if optimizer_tensors is not None:
+        tensors = optimizer_tensors
     save_file(tensors, str(tmp / "optimizer.safetensors"))
     save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
     full = {**state, "optimizer_param_groups": groups, "updates": learner.updates}
@@ -105,7 +110,15 @@ def load_checkpoint(path: Path, learner: Any) -> dict[str, Any]:
     _load_weights(path, learner)
     opt_file = path / "optimizer.safetensors"
     if opt_file.is_file():
-        _restore_optimizer(learner.opt, load_file(str(opt_file)), state["optimizer_param_groups"])
+        tensors = load_file(str(opt_file))
+        if getattr(learner, "dist", None) is not None:  # full tensors → this rank's shards
+            from etude.train.distributed import shard_optimizer_state
+
+            state_by_param = shard_optimizer_state(tensors, learner.params, learner.param_names, learner.model,
+                                                   learner.dist)
+            learner.opt.load_state_dict({"state": state_by_param, "param_groups": state["optimizer_param_groups"]})
+        else:
+            _restore_optimizer(learner.opt, tensors, state["optimizer_param_groups"])
     torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch"])
     learner.updates = int(state.get("updates", state["step"]))
     return state
@@ -124,6 +137,11 @@ def _load_weights(path: Path, learner: Any) -> None:
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    missing, unexpected = learner.model.load_state_dict(state, strict=False)
+    if getattr(learner, "dist", None) is not None:  # a full state dict into this rank's shards
+        from etude.train.distributed import load_full_state_dict
+
+        missing, unexpected = load_full_state_dict(learner.model, state, learner.dist)
+    else:
+        missing, unexpected = learner.model.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
         raise EtudeError(f"checkpoint {path} does not fit the model (missing {missing[:2]}, unexpected {unexpected[:2]})")

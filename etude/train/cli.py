@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from etude.errors import EtudeError
+from etude.train.sft_cli import register_sft
 
 
 def _parse_set(items: list[str]) -> dict[str, object]:
@@ -25,12 +26,15 @@ def _parse_set(items: list[str]) -> dict[str, object]:
 
 
 def register(app: typer.Typer) -> None:
+    register_sft(app)
+
     @app.command("train")
     def train_cmd(
         config: Annotated[Path, typer.Option("--config", help="TOML training config (see configs/tiny.toml).")],
         out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set steps=3 --set loss.kl_coef=0.1")] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
+        nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine: the learner is sharded with FSDP2 (gloo on CPU, NCCL on GPUs); rollouts on rank 0.")] = 1,
         backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm needs `make setup-vllm`).")] = None,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
@@ -41,11 +45,44 @@ def register(app: typer.Typer) -> None:
             overrides["rollout_backend"] = backend
         cfg = load_config(config, overrides)
         run_dir = out or Path("runs") / config.stem
+        if nproc != 1:
+            _launch(cfg, nproc)
+            return
         res = train(cfg, run_dir, resume=not fresh)
+        if res.get("rank", 0) != 0:
+            return  # rank 0 reports for the run
         last = res["last"] or {}
         evals = res["evals"]
         print(json.dumps({
             "out": str(run_dir), "steps": res["steps"], "checkpoint": res["checkpoint"],
             "resumed_from": res["resumed_from"], "reward": last.get("reward"),
-            "eval_resolved": [e["eval/resolved"] for e in evals],
+            "eval_resolved": [e["eval/resolved"] for e in evals], "world_size": res.get("world_size", 1),
         }))
+
+
+def _launch(cfg: Any, nproc: int) -> None:
+    """`--nproc N`: check what can be checked once, then run this command on N ranks (torchrun)."""
+    import sys
+
+    from etude.scale.lowp import check_precision
+    from etude.train import distributed
+
+    if distributed.env_world_size() > 1:
+        raise EtudeError("--nproc inside a torchrun launch: pass one or the other")
+    distributed.check_nproc(nproc, cfg.parallel.backend)
+    if cfg.lora.enabled:
+        raise EtudeError("LoRA with --nproc > 1 is not supported: train the adapter in one process")
+    dev = "cuda" if distributed.resolve_backend(cfg.parallel.backend) == "nccl" else (
+        "cuda" if cfg.device == "cuda" else "cpu")
+    check_precision(cfg.precision, dev)
+    argv, skip = [], False
+    for a in sys.argv[1:]:  # the same command without --nproc
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            argv.append(a)
+    rc = distributed.launch(nproc, argv, cfg.parallel.backend)
+    if rc:
+        raise SystemExit(rc)

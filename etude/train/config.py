@@ -1,7 +1,7 @@
 """`TrainConfig`: every knob of `etude train`, documented where it is declared, loaded from TOML.
 
-A TOML file mirrors the nesting: top-level keys, then `[env]`, `[loss]`, `[lora]`, `[ray]`
-tables. Unknown keys are an error (a typo must not silently train with a default).
+A TOML file mirrors the nesting: top-level keys, then `[env]`, `[loss]`, `[lora]`, `[ray]`,
+`[parallel]` tables. Unknown keys are an error (a typo must not silently train with a default).
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ class EnvConfig:
     """tasks: JSONL of tasks (etude.tasks.load_tasks); None uses the built-in suite if present."""
     max_steps: int = 6
     """tasks: harness turn limit per episode."""
+    eval_tasks_file: str | None = None
+    """tasks: where held-out evaluation tasks come from (a JSONL or builtin:curriculum:validation);
+    None: the last `num_test` tasks of `tasks_file`."""
+    workers: int = 1
+    """tasks: episodes run at once; a local model answers their turns in one batch."""
+    harness: dict[str, Any] = field(default_factory=dict)
+    """tasks: HarnessConfig fields of every episode (max_observation_chars, tools, tool_prompt, ...);
+    max_steps, max_tokens_per_turn and temperature come from this config."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,27 @@ class RayConfig:
     """CPUs given to a local Ray (None: Ray's default, all of them)."""
     worker_threads: int = 1
     """torch threads per rollout actor (keep workers × threads ≤ cores)."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the learner is laid out over the ranks of `etude train --nproc N` (or torchrun).
+    The world size itself comes from the launch; these only split it."""
+
+    dp_replicate: int = 1
+    """HSDP replica groups: parameters are sharded within a group of world / dp_replicate ranks
+    and gradients all-reduced across groups (1 = plain FSDP2 over all ranks)."""
+    ep: int = 1
+    """Expert-parallel degree for MoE models: each expert lives on one of `ep` ranks and tokens
+    travel to it by all-to-all; must divide world / dp_replicate (1 = no expert parallelism)."""
+    backend: str = "auto"
+    """"auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl"."""
+
+    def __post_init__(self) -> None:
+        if self.dp_replicate < 1 or self.ep < 1:
+            raise EtudeError("parallel.dp_replicate and parallel.ep must be ≥ 1")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise EtudeError(f"parallel.backend must be auto, gloo or nccl, not {self.backend!r}")
 
 
 @dataclass(frozen=True)
@@ -98,7 +127,13 @@ class TrainConfig:
     aggregation: str = "token_mean"
     """"token_mean", "seq_mean" (original GRPO) or "constant" (Dr. GRPO, length-unbiased)."""
     precision: str = "auto"
-    """"auto" (bf16 autocast on a GPU that supports it, else fp32), "fp32" or "bf16"."""
+    """"auto" (bf16 autocast on a CUDA GPU that supports it, else fp32), "fp32", "bf16" (fp32
+    weights, bf16 autocast), "fp8" (torchao FP8 row-wise linears; CUDA compute capability ≥ 8.9)
+    or "mxfp8" (torchao MXFP8 linears; ≥ 10.0). fp8/mxfp8 are refused with one line where the
+    hardware or torchao is missing (etude.scale.lowp)."""
+    device: str = "auto"
+    """Where the learner runs: "auto" (CUDA if available, else CPU), "cpu" or "cuda". Under
+    `--nproc` with nccl each rank takes cuda:LOCAL_RANK."""
     seed: int = 0
     """Seed of batch selection, sampling and initialisation."""
     max_staleness: int = 0
@@ -132,6 +167,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
@@ -148,8 +184,10 @@ class TrainConfig:
             raise EtudeError(f"rollout_backend must be hf or vllm, not {self.rollout_backend!r}")
         if self.rollout_backend == "vllm" and self.use_ray:
             raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise EtudeError(f"precision must be auto, fp32 or bf16, not {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16", "fp8", "mxfp8"):
+            raise EtudeError(f"precision must be auto, fp32, bf16, fp8 or mxfp8, not {self.precision!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise EtudeError(f"device must be auto, cpu or cuda, not {self.device!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -157,7 +195,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         d = dict(d)
-        subs = {"env": EnvConfig, "loss": LossConfig, "lora": LoraConfig, "ray": RayConfig}
+        subs = {"env": EnvConfig, "loss": LossConfig, "lora": LoraConfig, "ray": RayConfig,
+                "parallel": ParallelConfig}
         for key, typ in subs.items():
             if key in d:
                 d[key] = _build(typ, d[key], key)

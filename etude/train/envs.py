@@ -188,5 +188,6 @@ def make_env(cfg: Any) -> Env:
     cls = ENVS.get(cfg.name)
     if cls is None:
         raise EtudeError(f"unknown env {cfg.name!r}; known: {', '.join(ENVS)}")
-    kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps")}
+    kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps",
+                                        "eval_tasks_file", "workers", "harness")}
     return cls(**kw)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from etude.errors import EtudeError
 from etude.train.config import TrainConfig
 from etude.train.losses import LossConfig, sample_loss
 
@@ -35,6 +36,7 @@ class Sample:
     advantage: float
     weight: float = 1.0  # aggregation weight of each token (see losses.token_weights)
     routes: Any = None  # MoE only: etude.scale.moe.Routes recorded at sampling, replayed in training
+    pad: bool = False  # a zero-weight filler (distributed: every rank runs as many rows); not in the stats
 
     @property
     def length(self) -> int:
@@ -166,32 +168,61 @@ def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    # bf16 where supported: CUDA with bf16, or when asked for explicitly; CPU defaults to fp32
-    # because CPU bf16 matmuls are slower than fp32 on most hosts.
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """See etude.scale.lowp.autocast_for (auto: bf16 on CUDA with bf16, else fp32)."""
+    from etude.scale.lowp import autocast_for as _autocast
+
+    return _autocast(precision, device)
+
+
+def learner_device(cfg: TrainConfig, dist: Any = None) -> torch.device:
+    if dist is not None:
+        return dist.device
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise EtudeError("device cuda: this machine has no CUDA device (use device = \"cpu\" or \"auto\")")
+        return torch.device("cuda")
+    return torch.device("cpu")
 
 
 class Learner:
-    """Owns the model being trained, its optimizer and (optionally) a frozen reference."""
+    """Owns the model being trained, its optimizer and (optionally) a frozen reference.
 
-    def __init__(self, cfg: TrainConfig, model: Any = None, tokenizer: Any = None):
-        self.cfg = cfg
+    dist (etude.train.distributed.Dist): shard the model with FSDP2 over the ranks; `step`
+    then trains on this rank's share of the samples and every statistic is over all ranks.
+    `rollout_model` is the unsharded model to sample with: the trained model itself in one
+    process, a copy on rank 0 under FSDP2 (None on other ranks) that `publish_state` refreshes."""
+
+    def __init__(self, cfg: TrainConfig, model: Any = None, tokenizer: Any = None, dist: Any = None):
+        from etude.scale.lowp import apply_training_precision, check_precision
+
+        self.cfg, self.dist = cfg, dist
+        dev = learner_device(cfg, dist)
+        check_precision(cfg.precision, dev)
+        if dist is not None and cfg.lora.enabled:
+            raise EtudeError("LoRA with --nproc > 1 is not supported: train the adapter in one process")
         if model is None:
             model, tokenizer = build_model(cfg)
-        self.model, self.tokenizer = model, tokenizer
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere
-        fused = bool(self.params) and self.params[0].device.type in ("cpu", "cuda")
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
+        if next(model.parameters()).device != dev:
+            model.to(dev)
+        apply_training_precision(model, cfg.precision)
+        self.rollout_model = model
         self.ref = None
         if cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)  # LoRA uses disable_adapter()
+        if dist is not None:
+            from etude.train.distributed import shard_model
+
+            self.rollout_model = copy.deepcopy(model).eval() if dist.is_main else None
+            if self.ref is not None:
+                shard_model(self.ref, dist, cfg.parallel.dp_replicate, cfg.parallel.ep)
+            model = shard_model(model, dist, cfg.parallel.dp_replicate, cfg.parallel.ep)
+        self.model, self.tokenizer = model, tokenizer
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.param_names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere
+        fused = bool(self.params) and self.params[0].device.type in ("cpu", "cuda")
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
         self.updates = 0
         from etude.scale.moe import is_moe  # MoE route replay needs every sample laid out in full
 
@@ -219,8 +250,16 @@ class Learner:
         """One optimizer step per PPO epoch over the whole batch; returns step statistics."""
         t0 = time.perf_counter()
         samples = [s for s in samples if s.completion_ids]
+        tokens = sum(s.length for s in samples)
+        if self.dist is not None:
+            samples = self._my_share(samples)
         rows = [[samples[i] for i in row] for row in pack(samples, self.cfg.micro_batch_tokens,
                                                            share_prefix=self.share)]
+        if self.dist is not None:  # FSDP's collectives need the same number of forwards on every rank
+            from etude.train.distributed import max_over_ranks
+
+            n = max_over_ranks(len(rows), self.dist)
+            rows += [[_filler(samples)] for _ in range(n - len(rows))]
         self.model.train()
         ref = self._ref_logprobs(rows)
         prox = None
@@ -232,15 +271,31 @@ class Learner:
             stats = self._epoch(rows, prox, ref)
         self.model.eval()
         dt = time.perf_counter() - t0
-        tokens = sum(s.length for s in samples)
+        rows_total = float(len(rows))
+        if self.dist is not None:  # micro-batches of real samples, over all ranks
+            from etude.train.distributed import gather_objects
+
+            rows_total = float(sum(gather_objects(sum(not r[0].pad for r in rows), self.dist)))
         stats.update(train_s=dt, train_tokens=float(tokens), train_tokens_per_s=tokens / max(dt, 1e-9),
-                     micro_batches=float(len(rows)))
+                     micro_batches=rows_total)
         return stats
+
+    def _my_share(self, samples: list[Sample]) -> list[Sample]:
+        from etude.train.distributed import split_groups
+
+        keys = [tuple(s.prompt_ids) if self.share else i for i, s in enumerate(samples)]
+        mine = split_groups([s.length for s in samples], keys, self.dist.world)[self.dist.rank]
+        return [samples[i] for i in mine]
 
     def _epoch(self, rows: list[list[Sample]], prox: Any, ref: Any) -> dict[str, float]:
         self.opt.zero_grad(set_to_none=True)
         stats = self.backward(rows, prox, ref)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        if self.dist is not None:
+            from etude.train.distributed import clip_grad_norm
+
+            grad_norm = clip_grad_norm(self.params, self.cfg.max_grad_norm, self.model, self.dist)
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
         lr = self.lr_at(self.updates)
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -264,20 +319,43 @@ class Learner:
                 rl = None if ref is None else ref[r_i][s_i]
                 tl = sample_loss(lp, pl, behav, s.advantage, s.weight, lc, rl)
                 loss = loss + tl.loss
+                if s.pad:
+                    continue
                 rejected += int(tl.rejected)
                 for k, v in (("is", tl.is_ratio), ("trunc", tl.truncated), ("clip", tl.clipped), ("kl", tl.kl)):
                     acc[k].append(v.float().cpu())
-            if loss.requires_grad:
+            if self.dist is not None:
+                # each rank's loss is its share of the batch's sum; FSDP averages gradients over
+                # the ranks, so scale by the world size to get the sum (the one-process gradient)
+                (loss * self.dist.world).backward()
+            elif loss.requires_grad:
                 loss.backward()
             total_loss += float(loss.detach())
-        out = _summary(acc, rejected, sum(len(r) for r in rows), total_loss)
-        out.update({k: sum(v) / len(v) for k, v in moe_stats.items()})  # MoE: aux loss, route drift
+        n = sum(not s.pad for r in rows for s in r)
+        if self.dist is not None:
+            from etude.train.distributed import gather_objects
+
+            parts = gather_objects((acc, rejected, n, total_loss, moe_stats), self.dist)
+            acc = {k: [v for p in parts for v in p[0][k]] for k in acc}
+            rejected, n, total_loss = (sum(p[i] for p in parts) for i in (1, 2, 3))
+            moe_stats = {k: [v for p in parts for v in p[4].get(k, [])] for k in moe_stats}
+        out = _summary(acc, rejected, n, total_loss)
+        out.update({k: sum(v) / len(v) for k, v in moe_stats.items() if v})  # MoE: aux loss, route drift
         return out
 
     # --- weights for rollout workers / checkpoints -------------------------------------------
 
     def publish_state(self) -> dict[str, torch.Tensor]:
-        """What a rollout worker needs to match the learner: the adapter (LoRA) or all weights."""
+        """What a rollout worker needs to match the learner: the adapter (LoRA) or all weights.
+        Under FSDP2 every rank must call it: the shards are gathered, rank 0 gets the full weights
+        (and loads them into its `rollout_model`), the other ranks get {}."""
+        if self.dist is not None:
+            from etude.train.distributed import full_state_dict
+
+            full = full_state_dict(self.model, self.dist)
+            if self.rollout_model is not None:
+                apply_state(self.rollout_model, full, lora=False)
+            return full
         if self.cfg.lora.enabled:
             import peft
 
@@ -293,6 +371,12 @@ def apply_state(model: Any, state: dict[str, torch.Tensor], lora: bool) -> None:
         peft.set_peft_model_state_dict(model, state)
     else:
         model.load_state_dict(state, strict=False)
+
+
+def _filler(samples: Sequence[Sample]) -> Sample:
+    """A one-token zero-weight sample: a forward and backward that change no gradient."""
+    tok = samples[0].prompt_ids[0] if samples else 0
+    return Sample([tok], [tok], [0.0], 0.0, weight=0.0, pad=True)
 
 
 def _summary(acc: dict[str, list[torch.Tensor]], rejected: int, n: int, loss: float) -> dict[str, float]:

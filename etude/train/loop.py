@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from etude.train.config import TrainConfig
 from etude.train.envs import make_env
 from etude.train.learner import Learner, Sample
 from etude.train.losses import RunningBaseline, group_advantages, token_weights
-from etude.train.metrics import MetricsWriter
+from etude.train.metrics import MetricsWriter, read_metrics
 from etude.train.rollout import (
     Dispatcher,
     LocalExecutor,
@@ -47,13 +48,41 @@ def to_samples(cfg: TrainConfig, batch: RolloutBatch, baseline: RunningBaseline)
     else:
         groups = [i // cfg.group_size for i in range(len(eps))]
         adv = group_advantages(rewards, groups, scale=cfg.advantage == "grpo")
+    flat = flat_groups(cfg, eps)  # no signal: DAPO-style dynamic sampling drops them (counted per step)
     samples = [Sample(t.prompt_ids, t.completion_ids, t.logprobs, a, routes=t.routes)
-               for e, a in zip(eps, adv, strict=True) for t in e.turns if t.completion_ids]
+               for i, (e, a) in enumerate(zip(eps, adv, strict=True)) if i // cfg.group_size not in flat
+               for t in e.turns if t.completion_ids]
     weights = token_weights([len(s.completion_ids) for s in samples], cfg.aggregation,
                             constant_len=cfg.max_new_tokens)
     for s, w in zip(samples, weights, strict=True):
         s.weight = w
     return samples
+
+
+def reward_up_val_down(records: list[dict[str, Any]], now: dict[str, Any]) -> bool:
+    """The hack alarm: held-out success fell since the previous evaluation while the mean training
+    reward of the steps since then rose above that of the steps before it."""
+    evals = [r for r in records if r.get("kind") == "eval" and r["step"] < now["step"]]
+    if not evals:
+        return False
+    prev = evals[-1]
+    train = [r for r in records if r.get("kind") == "train" and "reward" in r]
+    before = [r["reward"] for r in train if r["step"] <= prev["step"]]
+    since = [r["reward"] for r in train if prev["step"] < r["step"] <= now["step"]]
+    if not before or not since:
+        return False
+    return now["eval/resolved"] < prev["eval/resolved"] and sum(since) / len(since) > sum(before) / len(before)
+
+
+def flat_groups(cfg: TrainConfig, eps: list[Episode]) -> set[int]:
+    """GRPO groups whose rewards are all equal (their advantages are all zero): skipped, counted.
+    Only for group advantages ("grpo", "drgrpo"); a running baseline still learns from them."""
+    if cfg.advantage == "baseline" or cfg.group_size < 2:
+        return set()
+    groups: dict[int, list[float]] = {}
+    for i, e in enumerate(eps):
+        groups.setdefault(i // cfg.group_size, []).append(e.reward)
+    return {g for g, r in groups.items() if max(r) - min(r) < 1e-9}
 
 
 def evaluate(cfg: TrainConfig, env: Env, policy: Any, problems: list[Problem], step: int) -> dict[str, Any]:
@@ -70,44 +99,64 @@ def evaluate(cfg: TrainConfig, env: Env, policy: Any, problems: list[Problem], s
 class _Run:
     """State of one run: learner, env, executor, cursor; the loop's steps are its methods."""
 
-    def __init__(self, cfg: TrainConfig, out: Path, resume: bool):
-        self.cfg, self.out = cfg, out
+    def __init__(self, cfg: TrainConfig, out: Path, resume: bool, dist: Any = None):
+        self.cfg, self.out, self.dist = cfg, out, dist
+        self.main = dist is None or dist.is_main  # rank 0 (or the only process): rollouts, evals, files
         torch.manual_seed(cfg.seed)
-        self.learner = Learner(cfg)
+        self.learner = Learner(cfg, dist=dist)
         self.state: dict[str, Any] = {"step": 0, "version": 0, "cursor": 0, "consumed": [], "baseline": {}}
         ckpt = latest_checkpoint(out) if resume else None
-        if not resume and ckpt_root(out).exists():  # --fresh: an old run's checkpoints must not be resumed later
+        if dist is not None:  # every rank must agree on where it starts
+            from etude.train.distributed import broadcast_object
+
+            ckpt = broadcast_object(ckpt, dist)
+        if not resume and self.main and ckpt_root(out).exists():  # --fresh: old checkpoints must not be resumed later
             shutil.rmtree(ckpt_root(out))
         if ckpt is not None:
             self.state = load_checkpoint(ckpt, self.learner)
+        self.state["world_size"] = dist.world if dist is not None else 1
         self.baseline = RunningBaseline(means=dict(self.state.get("baseline") or {}))
+        self.resumed_from = str(ckpt) if ckpt else None
+        self._published: dict[str, torch.Tensor] = {}
+        if dist is not None:  # rank 0's unsharded rollout copy gets the (possibly resumed) weights
+            self._published = self.learner.publish_state()
+        if not self.main:  # ranks > 0 only train: batches arrive by broadcast
+            return
+        rollout_learner = self.learner if dist is None else _RankZero(self.learner, self)
         self.env = make_env(cfg.env)
         self.test_problems = self.env.problems("test")
         # the policy that samples (and evaluates): the learner's own model, or a vLLM engine
-        self.policy = rollout_policy(cfg, self.learner, self.state["version"])
+        self.policy = rollout_policy(cfg, rollout_learner, self.state["version"])
         # A fresh run (no checkpoint) drops every old record; a resumed one keeps those ≤ its step.
         self.metrics = MetricsWriter(out, resume_step=self.state["step"] if ckpt else -1)
         if cfg.use_ray:
-            self.executor: Any = RayExecutor(cfg, self.learner, self.state["version"])
+            self.executor: Any = RayExecutor(cfg, rollout_learner, self.state["version"])
         else:
             self.executor = LocalExecutor(RolloutWorker(cfg, self.policy, self.env))
         self.dispatcher = Dispatcher(self.executor, 0 if not cfg.use_ray else cfg.max_staleness, cfg.steps,
                                      self.state["cursor"])
-        self.resumed_from = str(ckpt) if ckpt else None
 
     def one_step(self) -> dict[str, Any]:
         cfg, st = self.cfg, self.state
         t0 = time.perf_counter()
-        batch = self.dispatcher.take(st["cursor"], st["version"])
+        batch = self.dispatcher.take(st["cursor"], st["version"]) if self.main else None
+        if self.dist is not None:  # rollouts stay on rank 0; every rank trains on the same batch
+            from etude.train.distributed import broadcast_object
+
+            batch = broadcast_object(batch, self.dist)
         wait_s = time.perf_counter() - t0
         staleness = st["version"] - batch.policy_version
         if staleness > cfg.max_staleness:  # cannot happen by construction; refuse rather than train on it
             raise RuntimeError(f"batch {batch.batch_id} is {staleness} versions stale (max {cfg.max_staleness})")
         samples = to_samples(cfg, batch, self.baseline)
-        stats = self.learner.step(samples)
+        # every group flat: nothing to learn from this batch; the version still advances
+        stats = self.learner.step(samples) if samples else {"loss": 0.0, "empty_batch": 1.0}
         st["version"] += 1
-        self.executor.publish(st["version"], self.learner)
-        self.dispatcher.fill(st["version"])  # let workers start on the next batches right away
+        if self.dist is not None:
+            self._published = self.learner.publish_state()  # gathered from the shards; all ranks
+        if self.main:
+            self.executor.publish(st["version"], self.learner if self.dist is None else _RankZero(self.learner, self))
+            self.dispatcher.fill(st["version"])  # let workers start on the next batches right away
         st["step"] += 1
         st["cursor"] = batch.batch_id + 1
         st["consumed"].append(batch.batch_id)
@@ -122,23 +171,53 @@ class _Run:
                "policy_version": batch.policy_version, "staleness": staleness, "worker": batch.worker,
                **summ, **stats, "gen_s": batch.gen_s, "wait_s": wait_s, "step_s": step_s,
                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(batch.gen_s, 1e-9),
-               "weight_sync_s": getattr(self.executor, "sync_s", 0.0),
-               "samples": len(batch.episodes), "time": time.time()}
-        self.metrics.write(rec)
+               "weight_sync_s": getattr(self.executor, "sync_s", 0.0) if self.main else 0.0,
+               "samples": len(batch.episodes), "groups_skipped": len(flat_groups(self.cfg, batch.episodes)),
+               "world_size": self.state["world_size"], "time": time.time()}
+        if self.main:
+            self.metrics.write(rec)
         return rec
 
     def checkpoint(self) -> Path:
         st = {**self.state, "config": self.cfg.to_dict(), "model": self.cfg.model}
-        return save_checkpoint(self.out, self.learner, st, keep=self.cfg.keep_checkpoints)
+        if self.dist is None:
+            return save_checkpoint(self.out, self.learner, st, keep=self.cfg.keep_checkpoints)
+        from etude.train.distributed import full_optimizer_tensors
 
-    def evaluate(self) -> dict[str, Any]:
+        # gathered to rank 0 and written as one process writes it: loads on any number of ranks
+        opt = full_optimizer_tensors(self.learner.opt, self.learner.param_names, self.learner.model, self.dist)
+        path = ckpt_root(self.out) / f"step-{int(st['step']):06d}"
+        if self.main:
+            path = save_checkpoint(self.out, self.learner, st, keep=self.cfg.keep_checkpoints,
+                                   model=self.learner.rollout_model, optimizer_tensors=opt)
+        return path
+
+    def evaluate(self) -> dict[str, Any] | None:
+        if not self.main:
+            return None
         rec = evaluate(self.cfg, self.env, self.policy, self.test_problems, self.state["step"])
+        rec["alarm/reward_up_val_down"] = float(reward_up_val_down(read_metrics(self.out), rec))
+        if rec["alarm/reward_up_val_down"]:
+            print(f"etude: warning: step {rec['step']}: training reward rose while held-out success fell "
+                  "(a reward hack? see the monitor/* curves)", file=sys.stderr)
         self.metrics.write(rec)
         return rec
 
     def close(self) -> None:
-        self.executor.close()
-        self.metrics.close()
+        if self.main:
+            self.executor.close()
+            self.metrics.close()
+
+
+class _RankZero:
+    """What rank 0's rollout side sees of a sharded learner: the unsharded rollout copy (kept
+    current by `Learner.publish_state`) and the full weights gathered at the last publish."""
+
+    def __init__(self, learner: Learner, run: _Run):
+        self.model, self.tokenizer, self.cfg, self._run = learner.rollout_model, learner.tokenizer, learner.cfg, run
+
+    def publish_state(self) -> dict[str, torch.Tensor]:
+        return self._run._published
 
 
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
@@ -150,35 +229,49 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
         from etude.policy.vllm_backend import require_vllm
 
         require_vllm("rollout_backend = \"vllm\"")
+    from etude.train import distributed
+
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-    run = _Run(cfg, out, resume)
+    dist = distributed.init(cfg.parallel.backend, cfg.device)  # None unless launched on > 1 rank
+    if dist is None or dist.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+    try:
+        run = _Run(cfg, out, resume, dist)
+    except BaseException:
+        distributed.abort(dist)
+        raise
     evals, last, ckpt = [], {}, None
     try:
-        if run.state["step"] == 0:
-            evals.append(run.evaluate())
-        with _progress(progress) as bar:
+        if run.state["step"] == 0 and (rec := run.evaluate()):
+            evals.append(rec)
+        with _progress(progress and run.main) as bar:
             task = bar.add_task("train", total=cfg.steps, completed=run.state["step"], reward=float("nan"))
             while run.state["step"] < cfg.steps:
                 last = run.one_step()
                 step = run.state["step"]
-                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                    evals.append(run.evaluate())
+                if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and (rec := run.evaluate()):
+                    evals.append(rec)
                 if step % cfg.checkpoint_every == 0 and step < cfg.steps:
                     ckpt = run.checkpoint()
                 bar.update(task, completed=step, reward=last["reward"])
                 if cfg.step_delay_s:
                     time.sleep(cfg.step_delay_s)
         if last:
-            evals.append(run.evaluate())
+            if rec := run.evaluate():
+                evals.append(rec)
             ckpt = run.checkpoint()
         else:  # resumed a finished run: nothing to do
             ckpt = latest_checkpoint(out)
-    finally:
+    except BaseException:
         run.close()
+        distributed.abort(dist)
+        raise
+    run.close()
+    distributed.close(dist)
     return {"steps": run.state["step"], "consumed": list(run.state["consumed"]), "last": last, "evals": evals,
-            "checkpoint": str(ckpt) if ckpt else None, "resumed_from": run.resumed_from}
+            "checkpoint": str(ckpt) if ckpt else None, "resumed_from": run.resumed_from,
+            "world_size": run.state["world_size"], "rank": dist.rank if dist is not None else 0}
 
 
 def _progress(enabled: bool) -> Any:

@@ -1,0 +1,194 @@
+"""A scripted expert for tasks with a gold patch: it works the way a good agent does, through the
+real harness, tools and sandbox, so its trajectories are what a model should learn to write.
+
+Plan (varied per task by a seeded RNG, so a model learns the skill rather than one script):
+1. locate — grep for the function's definition, or run the failing test and grep in one reply,
+   or semantic search by the function's name;
+2. read the function's span (and, sometimes, the failing test's span in the same reply: two
+   independent reads, run in parallel by the harness);
+3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
+   adding context lines);
+4. re-run the failing test (most of the time);
+5. answer in one sentence that says what changed and where (sometimes through `submit`).
+
+The expert reads the task's template and gold patch (it is privileged), but every observation in
+its trajectory is what the real tools returned, and `run_episode` grades its diff in a clean copy
+like anyone's: a plan that fails is dropped by the caller, never kept as a demonstration.
+What this does not do: handle multi-file or multi-hunk gold patches (it returns None for them).
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etude.harness.prompt import render_tool_calls_text
+from etude.types import Generation, Message, Task, ToolCall
+
+
+@dataclass(frozen=True)
+class Hunk:
+    path: str
+    old: list[str]  # lines removed by the gold patch (present at base)
+    new: list[str]  # lines that replace them
+    before: list[str]  # context lines just above, at base
+
+
+def gold_hunk(patch: str) -> Hunk | None:
+    """The single hunk of a one-file, one-hunk gold patch; None for anything bigger."""
+    files = re.findall(r"^\+\+\+ b/(.+)$", patch, re.M)
+    hunks = re.split(r"^@@[^\n]*@@[^\n]*\n", patch, flags=re.M)[1:]
+    if len(files) != 1 or len(hunks) != 1:
+        return None
+    old: list[str] = []
+    new: list[str] = []
+    before: list[str] = []
+    for ln in hunks[0].splitlines():
+        if ln.startswith("-"):
+            old.append(ln[1:])
+        elif ln.startswith("+"):
+            new.append(ln[1:])
+        elif ln.startswith(" ") and not old and not new:
+            before.append(ln[1:])
+        elif ln.startswith(" ") and (old or new):
+            break  # a second change block in the same hunk: keep to the first
+    if not old:
+        return None
+    return Hunk(files[0], old, new, before)
+
+
+def unique_old_str(source: str, hunk: Hunk) -> tuple[str, str] | None:
+    """(old_str, new_str) for edit_file, with as many context lines above as make old_str unique."""
+    for k in range(len(hunk.before) + 1):
+        ctx = hunk.before[len(hunk.before) - k :] if k else []
+        old = "\n".join(ctx + hunk.old)
+        if source.count(old) == 1:
+            return old, "\n".join(ctx + hunk.new)
+    return None
+
+
+def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] | None:
+    """(first, last) line of the function/method `name` (dotted path allowed) holding `line`."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    leaf = name.split(".")[-1]
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == leaf:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            last = getattr(node, "end_lineno", node.lineno)
+            if line is None or first <= line <= last:
+                if best is None or first >= best[0]:
+                    best = (first, last)
+    return best
+
+
+def _window(span: tuple[int, int], bug: int, most: int = 45) -> tuple[int, int]:
+    first, last = span
+    if last - first < most:
+        return first, last
+    lo = max(first, bug - most // 2)
+    return lo, min(last, lo + most)
+
+
+ANSWERS = (
+    "Fixed `{func}` in `{path}`: `{old}` is now `{new}`, and `{test}` passes.",
+    "The bug was in `{func}` ({path}): it used `{old}` where it needs `{new}`. Changed it; `{test}` passes now.",
+    "Changed `{old}` to `{new}` in `{func}` in `{path}`, which fixes `{test}`.",
+    "`{func}` in `{path}` had `{old}`; I replaced it with `{new}` and `{test}` now passes.",
+)
+
+
+class ExpertPolicy:
+    """A `Policy` that follows a plan for one task (see the module doc)."""
+
+    native_tools = False
+
+    def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True):
+        self.id, self.version = "expert", 0
+        self.task = task
+        self.rng = random.Random(f"{seed}:{task.instance_id}")
+        self.turns = self._plan(template, semantic_search)
+
+    @classmethod
+    def for_task(cls, task: Task, template: Path, seed: int = 0, **kw: Any) -> ExpertPolicy | None:
+        try:
+            p = cls(task, template, seed, **kw)
+        except ValueError:
+            return None
+        return p
+
+    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], *, max_tokens: int = 512,
+                 temperature: float = 0.7, **_: Any) -> Generation:
+        k = sum(1 for m in messages if m.role == "assistant")
+        out = self.turns[k] if k < len(self.turns) else self.turns[-1]
+        text = out if isinstance(out, str) else render_tool_calls_text(out)
+        return Generation(text=text, policy_id=self.id, policy_version=self.version)
+
+    # -- the plan
+
+    def _plan(self, template: Path, semantic: bool) -> list[list[ToolCall] | str]:
+        t, rng = self.task, self.rng
+        hunk = gold_hunk(t.patch)
+        if hunk is None:
+            raise ValueError("the gold patch is not one hunk in one file")
+        src = (template / hunk.path).read_text(encoding="utf-8", errors="replace")
+        edit = unique_old_str(src, hunk)
+        if edit is None:
+            raise ValueError("no unique old_str")
+        bug_line = int((t.meta.get("lines") or [0])[0]) or _line_of(src, hunk.old[0])
+        func = t.meta.get("function") or ""
+        span = span_of(src, func, bug_line) if func else None
+        if span is None:
+            raise ValueError("the bug is not inside a known function")
+        test = t.FAIL_TO_PASS[0].split("[", 1)[0] if t.FAIL_TO_PASS else ""
+        leaf = func.split(".")[-1]
+        run = ToolCall("", "run_terminal", {"command": f"python -m pytest -q -x --tb=short {test}"})
+        grep = ToolCall("", "grep", {"pattern": f"def {leaf}\\b", "path": hunk.path})
+        roll = rng.random()
+        if semantic and roll < 0.15:
+            locate = [ToolCall("", "semantic_search", {"query": func.replace(".", " "), "k": 3})]
+        elif test and roll < 0.4:
+            locate = [run, grep]
+        else:
+            locate = [grep]
+        lo, hi = _window(span, bug_line)
+        reads = [ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
+        tspan = _test_span(template, test)
+        if tspan and rng.random() < 0.3:
+            reads.append(ToolCall("", "read_file", {"path": test.split("::")[0], "start_line": tspan[0],
+                                                    "end_line": min(tspan[1], tspan[0] + 25)}))
+            rng.shuffle(reads)
+        old_str, new_str = edit
+        fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
+        plan: list[list[ToolCall] | str] = [locate, reads, fix]
+        if test and rng.random() < 0.8:
+            plan.append([ToolCall("", "run_terminal", {"command": f"python -m pytest -q {test}"})])
+        answer = rng.choice(ANSWERS).format(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
+                                            new=" ".join((hunk.new or [""])[0].split()), test=test or "the test")
+        plan.append([ToolCall("", "submit", {"message": answer})] if rng.random() < 0.3 else answer)
+        return plan
+
+
+def _line_of(src: str, text: str) -> int:
+    for i, ln in enumerate(src.splitlines(), 1):
+        if ln == text:
+            return i
+    return 0
+
+
+def _test_span(template: Path, test_id: str) -> tuple[int, int] | None:
+    if "::" not in test_id:
+        return None
+    path, _, name = test_id.partition("::")
+    f = template / path
+    if not f.is_file():
+        return None
+    return span_of(f.read_text(encoding="utf-8", errors="replace"), name.split("::")[-1])
