@@ -58,6 +58,11 @@ class ServeConfig:
     tiny model on 2 busy cores (torch's threads spin against the other processes)."""
     preload: bool = True
     """load the production checkpoint at start-up, so /health answers only once it can serve."""
+    precision: str = "fp32"
+    """weights and matmuls of the hf backend: "fp32", "bf16" (bf16 weights), "fp8" (torchao FP8
+    row-wise, CUDA compute capability ≥ 8.9) or "mxfp8" (torchao MXFP8, ≥ 10.0); fp8/mxfp8 are
+    refused with one line (exit 2) where the hardware or torchao is missing (etude.scale.lowp).
+    The vllm backend takes `vllm_dtype` instead."""
     backend: str = "hf"
     """engine for local checkpoints: "hf" (transformers, LocalPolicy) or "vllm" (one vLLM engine
     per base model; LoRA adapter checkpoints, e.g. an org's, are served by their base's engine

@@ -17,21 +17,25 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.policy.batcher import Batcher
+from etude.scale.lowp import apply_serving_precision
 from etude.serve.registry import Checkpoint
 
 Loader = Callable[[Checkpoint], Any]
 
 
-def load_local(cp: Checkpoint) -> Any:
+def load_local(cp: Checkpoint, precision: str = "fp32") -> Any:
     """A model directory / "tiny" / "smollm2" through LocalPolicy; a LoRA adapter directory
     (peft's adapter_config.json) on top of its base, merged for serving speed. The base is
-    `cp.meta["base"]`, else the adapter config's `base_model_name_or_path`."""
+    `cp.meta["base"]`, else the adapter config's `base_model_name_or_path`. A `precision` other
+    than fp32 (ServeConfig.precision) is applied after loading (etude.scale.lowp)."""
     from etude.policy.local import LocalPolicy
 
     if (Path(cp.path) / "adapter_config.json").is_file():
         pol = LocalPolicy(*_load_adapter(cp), id=cp.name)
     else:
         pol = LocalPolicy.from_pretrained(cp.path, id=cp.name)
+    if precision != "fp32":
+        pol.model = apply_serving_precision(pol.model, precision)
     pol.version = cp.version
     return pol
 

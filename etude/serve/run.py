@@ -7,10 +7,12 @@ durability never depends on it (a record is committed before its response is sen
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.scale.lowp import check_precision
 from etude.serve import registry
 from etude.serve.config import ServeConfig
 from etude.serve.pool import Loader, PolicyPool, VLLMLoader, load_local
@@ -49,7 +51,7 @@ def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader | 
 
     if loader is None:
         loader = (VLLMLoader(dtype=cfg.vllm_dtype, max_lora_rank=cfg.vllm_max_lora_rank)
-                  if cfg.backend == "vllm" else load_local)
+                  if cfg.backend == "vllm" else functools.partial(load_local, precision=cfg.precision))
     store = store or open_store(cfg.db)
     ensure_model(store, cfg)
     pool = PolicyPool(loader, max_loaded=cfg.max_loaded, max_batch=cfg.max_batch, wait_ms=cfg.batch_wait_ms,
@@ -64,6 +66,9 @@ def serve(cfg: ServeConfig) -> None:
     from etude.policy import check_backend
 
     check_backend(cfg.backend)  # --backend vllm without vLLM: one line naming `make setup-vllm`
+    check_precision(cfg.precision, what="serve precision")  # fp8 without FP8 tensor cores: one line
+    if cfg.backend == "vllm" and cfg.precision != "fp32":
+        raise EtudeError("--precision applies to the hf backend; the vllm backend takes vllm_dtype")
     _check_model(cfg.model)
     if cfg.torch_threads:
         import torch
