@@ -31,6 +31,7 @@ def _default_weights() -> dict[str, float]:
         # Production terms: None (skipped) unless trajectory.meta["feedback"] carries the signal.
         "edit_persistence": 0.5,
         "followup": 0.5,
+        "accept": 0.5,
         "latency": 0.1,
     }
 

@@ -3,7 +3,11 @@
 
 - `edit_persistence`: 2 * persistence - 1 in [-1, 1]; -1 when the user reverted the edit.
 - `followup`: the user's next message, -1 dissatisfied, 0 neutral, +0.5 satisfied.
-- `latency`: -min(1, latency / budget).
+- `accept`: +1 the user accepted the change this turn belongs to, -1 rejected it.
+- `latency`: normalised so it never saturates: -tanh(ln(latency / reference)) in (-1, 1) against
+  `latency_reference_s` (distillation puts there the median latency of the production arm for
+  requests of the same size), 0 at the reference, about -0.1 at 10% slower, +0.1 at 10% faster;
+  without a reference -latency / (latency + budget) in (-1, 0] (half the budget scores -1/3).
 
 Each is None when its signal is absent, so on sandbox episodes they simply do not count.
 The signals themselves (edit survival, follow-up rules) are measured by etude.feedback.signals.
@@ -11,12 +15,15 @@ The signals themselves (edit survival, follow-up rules) are measured by etude.fe
 
 from __future__ import annotations
 
+import math
+
 from etude.feedback.signals import classify_followup
 from etude.rewards.terms import TermFn
 from etude.types import Outcome, Task, Trajectory
 
 FOLLOWUP_REWARD = {"dissatisfied": -1.0, "neutral": 0.0, "satisfied": 0.5}
 DEFAULT_LATENCY_BUDGET_S = 20.0
+ACCEPT_REWARD = {True: 1.0, False: -1.0}
 
 
 def _feedback(trajectory: Trajectory) -> dict:
@@ -57,19 +64,39 @@ def followup_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | 
     return FOLLOWUP_REWARD.get(label) if isinstance(label, str) else None
 
 
+def accept_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
+    """+1 accepted, -1 rejected (the user's explicit verdict on the change this turn is part of);
+    reads meta["feedback"]["accepted"] (bool). None without a verdict."""
+    acc = _feedback(trajectory).get("accepted")
+    return ACCEPT_REWARD[acc] if isinstance(acc, bool) else None
+
+
+def normalised_latency(latency_s: float, reference_s: float) -> float:
+    """-tanh(ln(latency / reference)): 0 at the reference, symmetric in the ratio, inside (-1, 1)
+    for every finite positive pair (a 10x slower answer scores -0.98, not a flat -1)."""
+    ratio = max(latency_s, 1e-6) / max(reference_s, 1e-6)
+    return -math.tanh(math.log(ratio))
+
+
 def latency_term(trajectory: Trajectory, task: Task | None, outcome: Outcome | None) -> float | None:
-    """-min(1, latency / budget); reads meta["feedback"]["latency_s"] and optional
-    ["latency_budget_s"] (default 20 s). None without a measured latency."""
+    """Reads meta["feedback"]["latency_s"], and `latency_reference_s` (the production arm's median
+    for requests of the same size) if present: -tanh(ln(latency / reference)); else
+    ["latency_budget_s"] (default 20 s): -latency / (latency + budget). Never exactly -1, so
+    the term keeps ranking slow answers against slower ones. None without a measured latency."""
     fb = _feedback(trajectory)
-    lat, budget = _num(fb.get("latency_s")), _num(fb.get("latency_budget_s"))
+    lat, budget, ref = _num(fb.get("latency_s")), _num(fb.get("latency_budget_s")), _num(fb.get("latency_reference_s"))
     if lat is None:
         return None
+    lat = max(0.0, lat)
+    if ref is not None and ref > 0:
+        return normalised_latency(lat, ref)
     budget = budget if budget and budget > 0 else DEFAULT_LATENCY_BUDGET_S
-    return -min(1.0, max(0.0, lat) / budget)
+    return -lat / (lat + budget)
 
 
 PRODUCTION_TERMS: dict[str, TermFn] = {
     "edit_persistence": edit_persistence_term,
     "followup": followup_term,
+    "accept": accept_term,
     "latency": latency_term,
 }
