@@ -108,7 +108,7 @@ def recall(ranked: list[list[tuple[str, str]]], queries: list[dict]) -> dict[str
 
 
 def bench_ours(work: Path, queries: list[dict], cfg, timer: TimedEmbedder) -> tuple[dict, object]:
-    from etude.protocols import ToolContext
+    from etude.protocols import ToolContext, ToolsConfig
     from etude.search import open_index
     from etude.tools.semantic_search import TOOL
 
@@ -128,7 +128,7 @@ def bench_ours(work: Path, queries: list[dict], cfg, timer: TimedEmbedder) -> tu
             lat.append(dt)
         ranked.append([(h.path, h.symbol) for h in hits])
     out["query_latency"] = ms(lat)
-    ctx = ToolContext(workspace=work, extra={"search_config": cfg})
+    ctx = ToolContext(workspace=work, config=ToolsConfig(search=cfg))
     tool_lat = [timed(lambda q=q: TOOL.run({"query": q["query"], "k": 10}, ctx)) for q in queries]
     out["tool_call_latency"] = ms(tool_lat)
     out.update(recall(ranked, queries))

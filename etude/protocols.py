@@ -48,13 +48,38 @@ class Sandbox(Protocol):
     def exec(self, argv: Sequence[str], *, timeout_s: float | None = None, stdin: str | None = None) -> ExecResult: ...
 
 
+@dataclass(frozen=True)
+class ToolsConfig:
+    """Limits of the tools, one per episode: `HarnessConfig.tools_config` is the one an agent's
+    tools get (`run_agent` puts it on the `ToolContext`). It sits here, beside `ToolContext`,
+    because every tool honours it and the harness sets it."""
+
+    read_max_lines: int = 2000  # lines one read_file call returns before the truncation marker
+    read_max_line_chars: int = 2000  # a longer line is cut and marked
+    max_output_chars: int = 30_000  # hard cap on any tool's output text
+    max_file_bytes: int = 5_000_000  # read_file/edit_file refuse bigger files; write_file bigger content
+    edit_diff_max_lines: int = 80  # edit_file returns at most this many diff lines
+    grep_max_line_chars: int = 300  # a matched line is cut to this many characters
+    grep_timeout_s: float = 30.0  # ripgrep is killed after this
+    glob_max_results: int = 500  # glob lists at most this many files
+    list_max_entries: int = 400  # list_dir shows at most this many entries
+    terminal_timeout_s: float = 60.0  # run_terminal's default timeout
+    terminal_max_timeout_s: float = 600.0  # the most a model may ask for (an episode sets its task's cap)
+    terminal_max_output_chars: int = 16_000  # head and tail are kept, the middle is cut
+    # NOTE: typed Any because etude.search sits above this module; semantic_search reads it.
+    search: Any = None  # an etude.search.SearchConfig (or its fields as a dict); None: its defaults
+
+
 @dataclass
 class ToolContext:
-    """What a tool may touch: the workspace (host path) and a sandbox for commands."""
+    """What a tool may touch: the workspace (host path), a sandbox for commands (None: run_terminal
+    starts a default `SandboxConfig()` one per command), the limits, and the folder the workspace
+    was copied from (semantic_search reuses that folder's index)."""
 
     workspace: Path
     sandbox: Sandbox | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    config: ToolsConfig = field(default_factory=ToolsConfig)
+    template: Path | None = None
 
 
 @runtime_checkable

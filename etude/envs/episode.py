@@ -1,5 +1,7 @@
 """One episode: a task, a fresh workspace at base, the harness running the policy, and grading
-of the agent's diff in a second clean workspace.
+of the agent's diff in a second clean workspace. The workspace, sandbox and tool context come from
+the one episode builder (etude.harness.episode); this module adds what a task decides: its
+repository, its test venv, its command cap and its request.
 
 The agent sees the task's problem statement and the repository at base (old tests; the task's
 hidden `test_patch` is not there). Its commands run in the sandbox with the task's test venv, so
@@ -12,22 +14,24 @@ does not do: score the episode (etude.rewards does that from the returned trajec
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from etude.envs.grade import grade
-from etude.harness import HarnessConfig, run_agent
-from etude.protocols import Policy, ToolContext
-from etude.sandbox import Workspace, make_sandbox
+from etude.harness import HarnessConfig
+from etude.harness.episode import AgentEpisode, open_episode
+from etude.protocols import Policy, ToolsConfig
 from etude.tasks.repo import prepare_repo, task_env
-from etude.tasks.runner import sandbox_config
-from etude.tools.base import ToolsConfig
+from etude.tasks.runner import task_sandbox_config
 from etude.types import Outcome, Task, Trajectory
 
 MAX_COMMAND_S = 120.0  # no command of an agent's episode runs longer, whatever the task allows
 
 
-def _request(task: Task) -> str:
+def task_request(task: Task) -> str:
+    """What the agent is asked: the task's problem statement and how to run its tests. Training,
+    evaluation and scripted users send the same text (no gap between them)."""
     return (
         f"{task.problem_statement.strip()}\n\n"
         "The repository is checked out at /workspace (your tools' paths are relative to it). "
@@ -40,34 +44,42 @@ def command_limit_s(task: Task) -> float:
     return min(task.timeout_s, MAX_COMMAND_S)
 
 
-def tools_config(task: Task) -> ToolsConfig:
-    """The agent's tool limits in the task's episode: run_terminal's timeout (default and the
-    most a model may ask for) never exceeds `command_limit_s(task)`; a model asking for more
-    gets the cap, and the observation says so."""
-    cap = command_limit_s(task)
-    return ToolsConfig(terminal_timeout_s=min(ToolsConfig.terminal_timeout_s, cap), terminal_max_timeout_s=cap)
+def tools_config(task: Task, base: ToolsConfig | None = None) -> ToolsConfig:
+    """The agent's tool limits in the task's episode: `base` (default ToolsConfig()) with
+    run_terminal's timeout (default and the most a model may ask for) at most
+    `command_limit_s(task)`; a model asking for more gets the cap, and the observation says so."""
+    base = base or ToolsConfig()
+    cap = min(command_limit_s(task), base.terminal_max_timeout_s)
+    return dataclasses.replace(base, terminal_timeout_s=min(base.terminal_timeout_s, cap), terminal_max_timeout_s=cap)
+
+
+def task_harness_config(task: Task, harness_config: HarnessConfig | None = None) -> HarnessConfig:
+    """`harness_config` (default HarnessConfig()) with its tool limits capped for `task`."""
+    cfg = harness_config or HarnessConfig()
+    return cfg.replace(tools_config=tools_config(task, cfg.tools_config))
+
+
+@contextmanager
+def open_task_episode(task: Task) -> Iterator[AgentEpisode]:
+    """The episode builder on the task: a workspace of its repository at base and a session
+    sandbox with its test venv, every command capped at `command_limit_s(task)`."""
+    template, venv = prepare_repo(task), task_env(task)
+    with open_episode(template, task_sandbox_config(task, venv, timeout_s=command_limit_s(task))) as ep:
+        yield ep
 
 
 def run_episode(
     task: Task,
     policy: Policy,
-    harness_config: Any = None,
+    harness_config: HarnessConfig | None = None,
     *,
     trajectory_path: str | Path | None = None,
 ) -> tuple[Trajectory, Outcome]:
-    """Run `policy` on `task` and grade the result. `harness_config` is a harness.HarnessConfig."""
-    cfg = harness_config or HarnessConfig()
-    template, venv = prepare_repo(task), task_env(task)
-    # The agent's commands share one session sandbox per episode (a few ms each); grading below
-    # runs in a clean copy with a fresh sandbox per command.
-    cap = command_limit_s(task)
-    tools_cfg = sandbox_config(task, venv, timeout_s=cap).for_tools()
-    with Workspace.create(template) as ws, make_sandbox(ws.path, tools_cfg) as sandbox:
-        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"task_id": task.instance_id, "template": ws.template,
-                                                                     "tools_config": tools_config(task)})
-        traj = run_agent(policy, _request(task), ctx, cfg, task_id=task.instance_id,
-                         trajectory_path=trajectory_path, diff_fn=ws.diff)  # fmt: skip
-        diff = traj.diff or ws.diff()
+    """Run `policy` on `task` and grade the result in a clean copy (fresh sandbox per command)."""
+    cfg = task_harness_config(task, harness_config)
+    with open_task_episode(task) as ep:
+        traj = ep.run(policy, task_request(task), cfg, task_id=task.instance_id, trajectory_path=trajectory_path)
+        diff = traj.diff or ep.diff()
     graded = grade(task, diff)
     meta = {**traj.meta, "outcome": graded.outcome.to_dict(), "ignored_paths": list(graded.ignored_paths)}
     return dataclasses.replace(traj, diff=diff, meta=meta), graded.outcome

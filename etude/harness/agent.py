@@ -1,8 +1,9 @@
 """`etude agent`: the harness on a user's repository, in a copy-on-write workspace and a sandbox.
 
-The repository itself is never touched while the agent runs: the agent works in
-`etude.sandbox.Workspace.create(repo)`, commands run in the bwrap sandbox (or the loudly named
-"unsandboxed" backend when asked), and the result is a unified patch. With `apply=True` the
+The repository itself is never touched while the agent runs: the episode builder
+(`etude.harness.episode.open_episode`) gives the agent a copy-on-write workspace of it, commands
+run in the bwrap sandbox (or the loudly named "unsandboxed" backend when asked), and the result
+is a unified patch. With `apply=True` the
 patch is checked with `git apply --check` and only then applied, so it lands whole or not at all.
 Not guaranteed: if the repository changes while the agent runs, the patch may no longer apply
 (you get a clear error and the patch is kept in the trajectory file).
@@ -10,9 +11,11 @@ Not guaranteed: if the repository changes while the agent runs, the patch may no
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,11 +25,11 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.feedback.client import edits_from_trajectory, measure_edit_persistence, report_feedback
 from etude.harness.config import HarnessConfig
-from etude.harness.loop import run_agent
+from etude.harness.episode import open_episode
 from etude.harness.record import load_trajectory
 from etude.paths import home
-from etude.protocols import Policy, ToolContext
-from etude.sandbox import SandboxConfig, Workspace, make_sandbox
+from etude.protocols import Policy
+from etude.sandbox import SandboxConfig
 from etude.types import Trajectory, Turn
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -58,10 +61,9 @@ def run_on_repo(
     `meta` goes into the trajectory (the CLI records the repo, server and session there)."""
     repo = _check_repo(repo)
     path = trajectory_path or default_trajectory_path()
-    with Workspace.create(repo) as ws, make_sandbox(ws.path, sandbox_config(sandbox_backend)) as sandbox:
-        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"template": ws.template})
-        traj = run_agent(policy, request, ctx, config, trajectory_path=path, diff_fn=ws.diff, on_turn=on_turn,
-                         meta={"repo": str(repo), **(meta or {})})
+    with open_episode(repo, repo_sandbox_config(sandbox_backend)) as ep:
+        traj = ep.run(policy, request, config, trajectory_path=path, on_turn=on_turn,
+                      meta={"repo": str(repo), **(meta or {})})
     applied = False
     if apply and traj.diff:
         apply_patch(repo, traj.diff)
@@ -69,15 +71,11 @@ def run_on_repo(
     return AgentRun(trajectory=traj, patch=traj.diff, trajectory_path=path, applied=applied)
 
 
-def sandbox_config(backend: str = "bwrap") -> SandboxConfig:
-    """The sandbox for agent commands: our virtual environment (pytest and friends) bound
-    read-only and first on PATH, so `python -m pytest` works inside. A session sandbox (one
-    bwrap for the whole episode, a few ms per command instead of fresh namespaces each time);
-    grading never uses it."""
-    venv = Path(sys.prefix)
-    binds = (str(venv),) if sys.prefix != sys.base_prefix else ()
-    prepend = (str(venv / "bin"),) if binds else ()
-    return SandboxConfig(backend=backend, ro_binds=binds, path_prepend=prepend).for_tools()  # type: ignore[arg-type]
+def repo_sandbox_config(backend: str = "bwrap") -> SandboxConfig:
+    """The sandbox for agent commands on a user's repository: our virtual environment (pytest
+    and friends) bound read-only and first on PATH, so `python -m pytest` works inside."""
+    cfg = SandboxConfig(backend=backend)  # type: ignore[arg-type]
+    return cfg.with_venv(sys.prefix) if sys.prefix != sys.base_prefix else cfg
 
 
 def apply_patch(repo: Path, patch: str) -> None:
@@ -110,9 +108,6 @@ def edit_feedback(trajectory_path: Path, repo: Path | None = None, *, base_url: 
     `edit_persistence` event on that turn's interaction (the response id), so credit goes to the
     generation that made the edit; without ids, on the recorded session.
     -> {"score", "reverted", "per_file", "ranges", "delay_s", "reported": [events]}."""
-    import time
-
-
     traj = load_trajectory(trajectory_path)
     repo = _check_repo(repo or Path(traj.meta.get("repo") or "."))
     delay = round(time.time() - Path(trajectory_path).stat().st_mtime, 1)  # last written when the episode ended
@@ -125,9 +120,6 @@ def edit_feedback(trajectory_path: Path, repo: Path | None = None, *, base_url: 
 
 
 def _report_per_turn(traj: Trajectory, repo: Path, base_url: str, api_key: str, delay: float) -> list[dict[str, Any]]:
-    import dataclasses
-
-
     sid = traj.meta.get("session_id")
     events = []
     for turn in traj.turns:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.protocols import ToolsConfig
 
 # The tools an agent gets unless told otherwise. semantic_search loads its embedding model only
 # when the agent first calls it (and reuses the template's index), so offering it costs nothing.
@@ -56,8 +57,20 @@ class HarnessConfig:
     """How tools are listed in the system prompt for text-format models: "compact" (one line per
     tool: name, arguments with types, first sentence of the description) or "json" (each full JSON
     schema). Training and serving must use the same value; every shipped config uses compact."""
+    tools_config: ToolsConfig = field(default_factory=ToolsConfig)
+    """Limits of the tools (output sizes, run_terminal's default and largest timeout, the
+    semantic_search config); `run_agent` hands it to every tool call. A TOML table
+    `[harness.tools_config]` gives its fields. A task episode caps the terminal timeout at the
+    task's limit (etude.envs.episode)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.tools_config, dict):
+            known = {f.name for f in dataclasses.fields(ToolsConfig)}
+            if bad := sorted(set(self.tools_config) - known):
+                raise EtudeError(f"tools_config: unknown key(s) {', '.join(bad)} (known: {', '.join(sorted(known))})")
+            object.__setattr__(self, "tools_config", ToolsConfig(**self.tools_config))
+        elif not isinstance(self.tools_config, ToolsConfig):
+            raise EtudeError(f"tools_config must be a ToolsConfig or a table, not {type(self.tools_config).__name__}")
         if self.tool_prompt not in ("compact", "json"):
             raise EtudeError(f"tool_prompt must be compact or json, not {self.tool_prompt!r}")
         if self.tool_format not in ("auto", "openai", "hermes"):

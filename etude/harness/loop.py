@@ -82,6 +82,8 @@ class _Episode:
         self, policy: Policy, request: str, ctx: ToolContext, cfg: HarnessConfig, task_id: str | None,
         history: Sequence[Message],
     ) -> None:
+        # NOTE: the harness config's tool limits are the ones in force: one ToolsConfig per episode.
+        ctx = dataclasses.replace(ctx, config=cfg.tools_config)
         self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
         self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and bool(getattr(policy, "native_tools", False)))
         self.schemas = _schemas(cfg)

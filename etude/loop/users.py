@@ -2,8 +2,9 @@
 
 Each session of each user runs the real agent client against the real server over HTTP:
 `etude.harness.run_agent` with `etude.policy.openai_http.OpenAIPolicy` (model "auto", the
-user's id in the body, a session header), in a fresh copy-on-write workspace of the task's
-repository with the task's sandbox. Then the user behaves by a fixed script:
+user's id in the body, a session header), in the episode training and evaluation use
+(`etude.envs.episode.open_task_episode`: a fresh copy-on-write workspace of the task's
+repository with the task's sandbox). Then the user behaves by a fixed script:
 
 1. grades the agent's patch with the task's hidden tests in a clean copy (`etude.envs.grade`);
 2. keeps the edits if the tests pass, reverts them otherwise (the workspace is the user's repo);
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from etude.envs.episode import open_task_episode, task_harness_config, task_request
 from etude.policy.openai_http import OpenAIPolicy
 from etude.types import Task, Trajectory
 
@@ -91,23 +93,19 @@ class _Runner:
                           max_retries=1, timeout_s=300.0)
 
     def _session(self, user: str, sid: str, task: Task) -> dict[str, Any]:
-        # NOTE: the same request text as training episodes (no gap between the two); it is a
-        # private helper of etude.envs, so a change there shows up here at once.
-        from etude.envs.episode import _request as task_request
-        from etude.sandbox import Workspace
-
         t0 = time.monotonic()
-        template, sb_cfg = _task_setup(task)
         policy = self._policy(user, sid)
-        with Workspace.create(template) as ws:
-            traj = _agent(policy, task_request(task), ws, sb_cfg, self.hcfg)
+        hcfg = task_harness_config(task, self.hcfg)
+        # the one episode builder, as in training and evaluation (same workspace, sandbox, request)
+        with open_task_episode(task) as ep:
+            traj = ep.run(policy, task_request(task), hcfg)
             outcome = _grade(task, traj.diff)
             if not outcome.resolved and traj.diff:
-                _revert(ws.path, template, traj.diff)
-            fb = self._feedback(ws.path, traj, sid, outcome.resolved)
+                _revert(ep.path, ep.workspace.template, traj.diff)
+            fb = self._feedback(ep.path, traj, sid, outcome.resolved)
             follow = None
             if not outcome.resolved:
-                follow = _agent(policy, FOLLOWUP, ws, sb_cfg, self.hcfg.replace(max_steps=1), history=traj.messages)
+                follow = ep.run(policy, FOLLOWUP, hcfg.replace(max_steps=1), history=traj.messages)
         served = self._served(traj)
         return {"user": user, "session": sid, "task": task.instance_id, "resolved": outcome.resolved,
                 "persistence": fb.get("persistence"), "reverted": fb.get("reverted"), "accepted": outcome.resolved,
@@ -146,23 +144,6 @@ class _Runner:
         r = httpx.get(f"{self.base_url.rstrip('/')}/interactions/{ids[0]}", timeout=30,
                       headers={"authorization": f"Bearer {self.api_key}"})
         return r.json() if r.status_code == 200 else {}
-
-
-def _task_setup(task: Task) -> tuple[Any, Any]:
-    from etude.tasks.repo import prepare_repo, task_env
-    from etude.tasks.runner import sandbox_config
-
-    return prepare_repo(task), sandbox_config(task, task_env(task), timeout_s=min(task.timeout_s, 120.0))
-
-
-def _agent(policy: Any, request: str, ws: Any, sb_cfg: Any, hcfg: Any, history: Any = None) -> Trajectory:
-    from etude.harness import run_agent
-    from etude.protocols import ToolContext
-    from etude.sandbox import make_sandbox
-
-    with make_sandbox(ws.path, sb_cfg.for_tools()) as sandbox:  # the agent's tools only, never grading
-        ctx = ToolContext(workspace=ws.path, sandbox=sandbox, extra={"template": ws.template})
-        return run_agent(policy, request, ctx, hcfg, diff_fn=ws.diff, history=history)
 
 
 def _grade(task: Task, diff: str) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from etude.errors import EtudeError
@@ -53,6 +54,12 @@ class SandboxConfig:
     """User id inside the sandbox (mapped to the launcher's uid on the host)."""
     gid: int = 1000
     """Group id inside the sandbox."""
+
+    def with_venv(self, venv: str | Path) -> SandboxConfig:
+        """This config with a virtual environment bound read-only and its bin first on PATH, so
+        `python -m pytest` inside runs that environment's pytest (a task's test venv, or ours)."""
+        venv = Path(venv)
+        return replace(self, ro_binds=(*self.ro_binds, str(venv)), path_prepend=(str(venv / "bin"), *self.path_prepend))
 
     def for_tools(self) -> SandboxConfig:
         """This config as a session sandbox where one is possible (bwrap with the interpreter

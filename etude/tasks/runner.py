@@ -92,16 +92,14 @@ def parse_pytest_output(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return status, messages
 
 
-def sandbox_config(task: Task, venv: Path, timeout_s: float | None = None):
+def task_sandbox_config(task: Task, venv: Path, timeout_s: float | None = None) -> SandboxConfig:
+    """The sandbox a task's commands run in: its test venv, PYTHONPATH at the package root, the
+    task's timeout (or `timeout_s`). Grading runs its tests in it; an agent's episode too (as a
+    session sandbox, etude.envs.episode)."""
     root = task.setup.get("pythonpath", ".")
     pypath = "/workspace" if root in (".", "") else f"/workspace/{root}"
     env = {"PYTHONPATH": pypath, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "COLUMNS": "300"}
-    return SandboxConfig(
-        timeout_s=float(timeout_s or task.timeout_s),
-        ro_binds=(str(venv),),
-        path_prepend=(str(venv / "bin"),),
-        env=env,
-    )
+    return SandboxConfig(timeout_s=float(timeout_s or task.timeout_s), env=env).with_venv(venv)
 
 
 def files_of(test_ids: Sequence[str]) -> list[str]:
@@ -115,7 +113,7 @@ def run_tests(
     """Run pytest on `targets` (files or dirs; default the task's test paths) in the sandbox."""
     paths = list(targets) if targets else list(task.setup.get("test_paths") or [])
     argv = ["python", "-m", "pytest", *PYTEST_ARGS, *paths]
-    res = run(argv, workspace=workspace, config=sandbox_config(task, venv, timeout_s))
+    res = run(argv, workspace=workspace, config=task_sandbox_config(task, venv, timeout_s))
     out = res.stdout + ("\n" + res.stderr if res.stderr else "")
     status, messages = parse_pytest_output(res.stdout)
     return TestRun(status, messages, res.returncode, res.timed_out, res.wall_s, out[-4000:])

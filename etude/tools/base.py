@@ -3,16 +3,16 @@
 A tool raises `ToolError` for anything the model should read and act on (file not found,
 ambiguous edit, path outside the workspace); `BaseTool.run` turns it into
 `ToolResult(ok=False, error=...)`. Nothing here prints. Outputs are bounded by `ToolsConfig`
+(etude.protocols; `ctx.config`)
 and every cut is marked in the text and flagged in `meta["truncated"]`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
-from etude.protocols import ToolContext
+from etude.protocols import ToolContext, ToolsConfig
 from etude.types import ToolResult
 
 
@@ -26,27 +26,8 @@ class ToolError(Exception):
         self.meta = meta
 
 
-@dataclass(frozen=True)
-class ToolsConfig:
-    """Limits of the tools. Put one in `ToolContext.extra["tools_config"]` to override."""
-
-    read_max_lines: int = 2000  # lines one read_file call returns before the truncation marker
-    read_max_line_chars: int = 2000  # a longer line is cut and marked
-    max_output_chars: int = 30_000  # hard cap on any tool's output text
-    max_file_bytes: int = 5_000_000  # read_file/edit_file refuse bigger files; write_file bigger content
-    edit_diff_max_lines: int = 80  # edit_file returns at most this many diff lines
-    grep_max_line_chars: int = 300  # a matched line is cut to this many characters
-    grep_timeout_s: float = 30.0  # ripgrep is killed after this
-    glob_max_results: int = 500  # glob lists at most this many files
-    list_max_entries: int = 400  # list_dir shows at most this many entries
-    terminal_timeout_s: float = 60.0  # run_terminal's default timeout
-    terminal_max_timeout_s: float = 600.0  # the most a model may ask for
-    terminal_max_output_chars: int = 16_000  # head and tail are kept, the middle is cut
-
-
 def config_of(ctx: ToolContext) -> ToolsConfig:
-    cfg = ctx.extra.get("tools_config") if ctx.extra else None
-    return cfg if isinstance(cfg, ToolsConfig) else ToolsConfig()
+    return ctx.config if isinstance(ctx.config, ToolsConfig) else ToolsConfig()
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """run_terminal: a shell command in the sandbox, cwd /workspace, with a timeout.
 
 The command runs as `bash -c COMMAND` through `ctx.sandbox` when the context has one, else
-through `etude.sandbox.make_sandbox(ctx.workspace, config)` where config is
-`ctx.extra["sandbox_config"]` or the default `SandboxConfig()` (bubblewrap: no network, only
-the workspace writable). I use `bash -c`, not `-lc`: a login shell would read profile files
+through a fresh `etude.sandbox.make_sandbox(ctx.workspace, SandboxConfig())` (bubblewrap: no
+network, only the workspace writable); a caller that wants other limits or mounts passes its own
+sandbox (the episode builder, etude.harness.session, always does). I use `bash -c`, not `-lc`: a login shell would read profile files
 that may reset PATH and hide the bound virtual environment.
 
 A command that exits non-zero is ok=True (it ran; the exit code is in the output and in
@@ -75,8 +75,7 @@ class RunTerminal(BaseTool):
 
 
 def _default_sandbox(ctx: ToolContext) -> Sandbox:
-    config = ctx.extra.get("sandbox_config") if ctx.extra else None
-    return make_sandbox(workspace_root(ctx.workspace), config if isinstance(config, SandboxConfig) else SandboxConfig())
+    return make_sandbox(workspace_root(ctx.workspace), SandboxConfig())
 
 
 def _render(res: ExecResult) -> str:

@@ -5,9 +5,9 @@ last call are re-chunked and re-embedded), then ranks every chunk: embedding sim
 with BM25, exact symbol names pinned first (see etude.search). The output is compact and
 bounded: per hit `path:start-end  symbol (kind)` and the first lines of the chunk.
 
-Context: `ctx.extra["template"]` (optional) names the folder a copy-on-write workspace was made
-from, so the template's index is reused; `ctx.extra["search_config"]` (optional) is an
-etude.search.SearchConfig. The first call on a large repository has to embed all of it (tens of
+Context: `ctx.template` (optional) names the folder a copy-on-write workspace was made from, so
+the template's index is reused; `ctx.config.search` (optional) is an etude.search.SearchConfig
+(or its fields as a dict, as a TOML harness config gives them). The first call on a large repository has to embed all of it (tens of
 minutes on a CPU for thousands of files): each call embeds for at most `tool_budget_s` seconds,
 answers from what is indexed so far and says how many files are still missing; later calls
 continue. Index templates ahead of time (`etude.search.open_index(dir).refresh()`) to avoid it.
@@ -69,12 +69,10 @@ class SemanticSearch(BaseTool):
 
     def _run(self, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
         query, k = _check_args(args)
-        extra = ctx.extra or {}
-        cfg = extra.get("search_config")
         try:
-            cfg = cfg if isinstance(cfg, SearchConfig) else SearchConfig()
+            cfg = search_config(ctx)
             t0 = time.perf_counter()
-            idx = open_index(Path(ctx.workspace), template=extra.get("template"), config=cfg,
+            idx = open_index(Path(ctx.workspace), template=ctx.template, config=cfg,
                              budget_s=cfg.tool_budget_s)
             left = max(cfg.tool_budget_s - (time.perf_counter() - t0), 0.0)
             stats = idx.refresh(budget_s=left)  # at least one batch is always done: progress is certain
@@ -92,6 +90,19 @@ class SemanticSearch(BaseTool):
             "embedder": idx.embedder.id,
         }
         return ToolResult(ok=True, output=text, meta=meta)
+
+
+def search_config(ctx: ToolContext) -> SearchConfig:
+    """The context's SearchConfig: `ctx.config.search` as given, built from a dict, or the default."""
+    cfg = getattr(ctx.config, "search", None)
+    if isinstance(cfg, SearchConfig):
+        return cfg
+    if isinstance(cfg, dict):
+        try:
+            return SearchConfig(**cfg)
+        except TypeError as e:
+            raise EtudeError(f"tools_config.search: {e}") from None
+    return SearchConfig()
 
 
 def _check_args(args: dict[str, Any]) -> tuple[str, int]:

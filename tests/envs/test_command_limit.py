@@ -34,6 +34,6 @@ def test_the_cap_is_the_tasks_timeout_at_most_120_s() -> None:
 
 def test_a_model_asking_for_600_s_gets_the_tasks_cap(tmp_path: Path) -> None:
     sb = _Recorder(tmp_path)
-    ctx = ToolContext(workspace=tmp_path, sandbox=sb, extra={"tools_config": tools_config(_task(9))})
+    ctx = ToolContext(workspace=tmp_path, sandbox=sb, config=tools_config(_task(9)))
     res = run_tool("run_terminal", {"command": "sleep 1000", "timeout_s": 600}, ctx)
     assert sb.timeouts == [9.0] and res.meta["timeout_capped"] and "capped at 9 s" in res.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from etude.protocols import ToolContext
+from etude.protocols import ToolContext, ToolsConfig
 from etude.search import SearchConfig, get_embedder, open_index
 
 h11 = pytest.importorskip("h11")
@@ -42,7 +42,7 @@ def test_a_description_finds_its_function_in_the_top_3(h11_repo):
     path = h11_repo / "_headers.py"
     path.write_text(path.read_text() + "\n\ndef strip_hop_by_hop(headers):\n    \"\"\"Drop Connection and Keep-Alive headers before forwarding.\"\"\"\n    return headers\n")
     res = TOOL.run({"query": "remove hop-by-hop headers such as Connection before forwarding", "k": 3},
-                   ToolContext(workspace=h11_repo, extra={"search_config": SearchConfig(embedder="minilm")}))
+                   ToolContext(workspace=h11_repo, config=ToolsConfig(search=SearchConfig(embedder="minilm"))))
     assert res.ok, res.error
     assert res.meta["index"]["files_changed"] == 1 and 1 <= res.meta["index"]["chunks_embedded"] <= 3
     assert res.meta["results"][0]["symbol"] == "strip_hop_by_hop"

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from etude.protocols import Tool, ToolContext
+from etude.protocols import Tool, ToolContext, ToolsConfig
 from etude.search import SearchConfig
 from etude.tools.semantic_search import MAX_K, MAX_OUTPUT_CHARS, TOOL
 
-CTX_EXTRA = {"search_config": SearchConfig(embedder="recording")}
+SEARCH = ToolsConfig(search=SearchConfig(embedder="recording"))
 
 
-def ctx(ws: Path, **extra) -> ToolContext:
-    return ToolContext(workspace=ws, extra={**CTX_EXTRA, **extra})
+def ctx(ws: Path, template: str | None = None) -> ToolContext:
+    return ToolContext(workspace=ws, config=SEARCH, template=template)
 
 
 def test_implements_the_tool_protocol_with_a_bounded_schema():
@@ -121,11 +121,11 @@ def test_first_call_on_a_big_repo_answers_within_its_budget(tmp_path, make_repo,
     files = {f"m{i}.py": f"def fn_{i}():\n    return {i}\n" for i in range(40)}
     ws = make_repo(tmp_path / "slow", files)
     cfg = SearchConfig(embedder="recording", embed_batch=8, tool_budget_s=0.1)
-    res = TOOL.run({"query": "fn_3"}, ToolContext(workspace=ws, extra={"search_config": cfg}))
+    res = TOOL.run({"query": "fn_3"}, ToolContext(workspace=ws, config=ToolsConfig(search=cfg)))
     assert res.ok and 0 < res.meta["index"]["files_pending"] < 40
     assert "still being built" in res.output
     for _ in range(10):
-        res = TOOL.run({"query": "fn_39"}, ToolContext(workspace=ws, extra={"search_config": cfg}))
+        res = TOOL.run({"query": "fn_39"}, ToolContext(workspace=ws, config=ToolsConfig(search=cfg)))
         if not res.meta["index"]["files_pending"]:
             break
     assert res.meta["index"]["files_pending"] == 0 and "still being built" not in res.output
@@ -169,6 +169,6 @@ def test_unindexed_template_does_not_block_the_first_call(tmp_path, make_repo, r
     ws = tmp_path / "ws"
     shutil.copytree(tpl, ws)
     cfg = SearchConfig(embedder="recording", tool_budget_s=0.1)
-    res = TOOL.run({"query": "fn_1"}, ToolContext(workspace=ws, extra={"search_config": cfg, "template": str(tpl)}))
+    res = TOOL.run({"query": "fn_1"}, ToolContext(workspace=ws, config=ToolsConfig(search=cfg), template=tpl))
     assert res.ok and res.meta["index"]["files_pending"] > 0
     assert len(recorder.calls) <= 3  # about one batch for the template, one for the workspace

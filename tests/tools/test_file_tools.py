@@ -11,7 +11,7 @@ from etude.tools.base import ToolsConfig
 
 
 def small(ws: Path, **limits: int) -> ToolContext:
-    return ToolContext(workspace=ws, extra={"tools_config": ToolsConfig(**limits)})
+    return ToolContext(workspace=ws, config=ToolsConfig(**limits))
 
 
 # read_file

@@ -42,7 +42,7 @@ def test_runs_bash_c_with_timeout_and_empty_stdin(ws: Path) -> None:
 
 def test_timeout_above_config_max_is_clamped(ws: Path) -> None:
     sb, ctx = fake(ws)
-    ctx.extra["tools_config"] = ToolsConfig(terminal_max_timeout_s=10)
+    ctx.config = ToolsConfig(terminal_max_timeout_s=10)
     run_tool("run_terminal", {"command": "true", "timeout_s": 300}, ctx)
     assert sb.calls[-1][1] == 10.0
     assert not run_tool("run_terminal", {"command": "true", "timeout_s": 9999}, ctx).ok  # schema maximum
@@ -51,7 +51,7 @@ def test_timeout_above_config_max_is_clamped(ws: Path) -> None:
 
 def test_asking_past_the_cap_gets_the_cap_and_the_observation_says_so(ws: Path) -> None:
     sb, ctx = fake(ws, stdout="ok\n")
-    ctx.extra["tools_config"] = ToolsConfig(terminal_timeout_s=3, terminal_max_timeout_s=5)
+    ctx.config = ToolsConfig(terminal_timeout_s=3, terminal_max_timeout_s=5)
     res = run_tool("run_terminal", {"command": "make test", "timeout_s": 600}, ctx)
     assert sb.calls[-1][1] == 5.0
     assert res.ok and res.output.startswith("[timeout_s 600 is above this episode's limit: capped at 5 s]\n")
@@ -77,7 +77,7 @@ def test_timeout_is_not_ok_and_keeps_partial_output(ws: Path) -> None:
 def test_long_output_keeps_head_and_tail(ws: Path) -> None:
     text = "".join(f"line {i}\n" for i in range(5000))
     _, ctx = fake(ws, returncode=1, stdout=text)
-    ctx.extra["tools_config"] = ToolsConfig(terminal_max_output_chars=1000)
+    ctx.config = ToolsConfig(terminal_max_output_chars=1000)
     res = run_tool("run_terminal", {"command": "x"}, ctx)
     assert res.meta["truncated"] and len(res.output) < 1100
     assert res.output.startswith("line 0\nline 1\n") and res.output.endswith("line 4999\n[exit code 1]")

@@ -57,7 +57,7 @@ def test_grep_no_match_bad_regex_missing_path(ctx: ToolContext) -> None:
 
 def test_grep_pattern_starting_with_dash_and_long_lines(ws: Path) -> None:
     (ws / "flags.txt").write_text("--verbose " + "y" * 1000 + "\n")
-    ctx = ToolContext(workspace=ws, extra={"tools_config": ToolsConfig(grep_max_line_chars=20)})
+    ctx = ToolContext(workspace=ws, config=ToolsConfig(grep_max_line_chars=20))
     res = run_tool("grep", {"pattern": "--verbose"}, ctx)
     assert res.ok and res.meta["count"] == 1
     assert res.meta["matches"][0]["text"] == "--verbose yyyyyyyyyy ... [line cut]"
@@ -84,7 +84,7 @@ def test_glob_path_patterns_and_base(ctx: ToolContext) -> None:
 
 
 def test_glob_limits_and_refusals(ws: Path, ctx: ToolContext) -> None:
-    small = ToolContext(workspace=ws, extra={"tools_config": ToolsConfig(glob_max_results=2)})
+    small = ToolContext(workspace=ws, config=ToolsConfig(glob_max_results=2))
     res = run_tool("glob", {"pattern": "*.py"}, small)
     assert res.ok and res.meta["count"] == 2 and res.meta["truncated"] and "[truncated" in res.output
     assert run_tool("glob", {"pattern": "*.rs"}, ctx).output.startswith("no files match")
@@ -124,7 +124,7 @@ def test_list_dir_depth_and_not_expanded(ctx: ToolContext, ws: Path) -> None:
 
 
 def test_list_dir_limits_and_errors(ws: Path, ctx: ToolContext) -> None:
-    small = ToolContext(workspace=ws, extra={"tools_config": ToolsConfig(list_max_entries=3)})
+    small = ToolContext(workspace=ws, config=ToolsConfig(list_max_entries=3))
     res = run_tool("list_dir", {"depth": 5}, small)
     assert res.ok and res.meta["truncated"] and len(res.meta["entries"]) == 3
     assert run_tool("list_dir", {"path": "README.md"}, ctx).meta["error_kind"] == "not_a_directory"
