@@ -298,3 +298,18 @@ class Episode:
     @property
     def completion_tokens(self) -> int:
         return sum(len(t.completion_ids) for t in self.turns)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-shaped. MoE routes are not written (they are replayed in-process only)."""
+        turns = [{"prompt_ids": list(t.prompt_ids), "completion_ids": list(t.completion_ids),
+                  "logprobs": list(t.logprobs)} for t in self.turns]
+        return {"problem_id": self.problem_id, "family": self.family, "reward": self.reward, "terms": dict(self.terms),
+                "resolved": self.resolved, "turns": turns, "policy_version": self.policy_version, "text": self.text,
+                "meta": dict(self.meta)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        turns = [TurnSample(list(t["prompt_ids"]), list(t["completion_ids"]), list(t["logprobs"])) for t in d["turns"]]
+        return cls(problem_id=d["problem_id"], family=d["family"], reward=float(d["reward"]), terms=dict(d["terms"]),
+                   resolved=bool(d["resolved"]), turns=turns, policy_version=int(d["policy_version"]),
+                   text=d.get("text", ""), meta=dict(d.get("meta") or {}))

@@ -19,7 +19,8 @@ from etude.train.losses import ADVANTAGES, AGGREGATIONS, LossConfig
 class EnvConfig:
     name: str = "arith"
     """Task family: "arith" (single-turn additions), "pyfunc" (write a function, tested in the
-    sandbox), or "tasks" (multi-turn repository tasks through the harness, from `tasks_file`)."""
+    sandbox), "tasks" (multi-turn repository tasks through the harness, from `tasks_file`), or
+    "episodes" (stored episodes replayed, from `episodes_file`: no sampling)."""
     num_train: int = 256
     """Problems generated for training (single-turn families)."""
     num_test: int = 64
@@ -40,6 +41,10 @@ class EnvConfig:
     harness: dict[str, Any] = field(default_factory=dict)
     """tasks: HarnessConfig fields of every episode (max_observation_chars, tools, tool_prompt, ...);
     max_steps, max_tokens_per_turn and temperature come from this config."""
+    episodes_file: str | None = None
+    """episodes: JSONL of `etude.types.Episode.to_dict()` (sampled earlier, with their behaviour
+    log-probs) replayed as the rollouts; the loop trains its candidate on distilled production
+    samples this way."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ Families:
   the real sandbox (bubblewrap). Reward = fraction of tests passed, resolved = all passed.
 - `tasks`: multi-turn repository tasks through the harness and the sandbox
   (`etude.envs.TasksEnv`: `run_episode` + `etude.rewards.score`).
+- `episodes`: stored episodes replayed as the rollouts (`EpisodesEnv`, from a JSONL of
+  `Episode.to_dict()`): off-policy data already scored, with the behaviour log-probs of when it
+  was sampled. The loop trains its candidate on distilled production samples this way.
 
 What this does not guarantee: `pyfunc`'s pass marker is guarded by a per-run nonce read
 before the candidate code is imported, which stops printing a fake marker but not every
@@ -19,6 +22,7 @@ possible hack (the code runs in the same process as the checker); it is sandboxe
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import secrets
@@ -180,7 +184,39 @@ def extract_code(text: str) -> tuple[str, bool]:
     return (m.group(1), True) if m else (text, False)
 
 
-ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv}
+class EpisodesEnv:
+    """Replays stored episodes: each is one training problem, and `rollout` returns the stored
+    episode of each problem asked for (the policy is not called; n must be 1). No held-out split:
+    evaluating a candidate trained this way is the caller's (the loop's eval gate)."""
+
+    name = "episodes"
+
+    def __init__(self, episodes_file: str | None = None, **_: Any):
+        if not episodes_file:
+            raise EtudeError("env episodes needs episodes_file (a JSONL of Episode.to_dict())")
+        try:
+            lines = Path(episodes_file).read_text().splitlines()
+        except OSError as e:
+            raise EtudeError(f"cannot read episodes_file {episodes_file}: {e.strerror or e}") from None
+        eps = [Episode.from_dict(json.loads(line)) for line in lines if line.strip()]
+        self.episodes = [e for e in eps if e.turns and any(t.completion_ids for t in e.turns)]
+        if not self.episodes:
+            raise EtudeError(f"episodes_file {episodes_file} holds no episode with a completion")
+
+    def problems(self, split: str) -> list[Problem]:
+        if split != "train":
+            return []
+        return [Problem(id=f"{e.problem_id}#{i}", family=e.family, messages=(), answer=i)
+                for i, e in enumerate(self.episodes)]
+
+    def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
+                top_p: float, seed: int | None) -> list[Episode]:
+        if n != 1:
+            raise EtudeError(f"env episodes replays one stored episode per problem; group_size must be 1, not {n}")
+        return [self.episodes[p.answer] for p in problems]
+
+
+ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv, "episodes": EpisodesEnv}
 
 
 def make_env(cfg: Any) -> Env:
@@ -189,5 +225,5 @@ def make_env(cfg: Any) -> Env:
     if cls is None:
         raise EtudeError(f"unknown env {cfg.name!r}; known: {', '.join(ENVS)}")
     kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps",
-                                        "eval_tasks_file", "workers", "harness")}
+                                        "eval_tasks_file", "workers", "harness", "episodes_file")}
     return cls(**kw)
