@@ -13,20 +13,22 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.loop.population import UserModel
 
 
 @dataclass(frozen=True)
 class TrafficConfig:
     kind: str = "scripted"
-    """Where interactions come from: "scripted" (scripted users drive the real server over
-    loopback, see etude.loop.users), "command" (run `command`, which must produce traffic itself),
+    """Where interactions come from: "scripted" (the simulated user population drives the real
+    server over loopback, see etude.loop.users; its behaviour is the `[users]` table), "command" (run `command`, which must produce traffic itself),
     or "none" (a real deployment: wait `wait_s` seconds for real users, then read the store)."""
     users: int = 4
     """scripted: distinct users per traffic round (the A/B randomisation unit)."""
     sessions_per_user: int = 1
     """scripted: agent sessions each user runs per round."""
-    tasks: str = "builtin:train"
-    """scripted: the users' repositories and requests: a task file or builtin:SPLIT."""
+    tasks: str = "builtin:curriculum:validation"
+    """scripted: the users' repositories and requests: a task file, builtin:SPLIT or
+    builtin:curriculum:SPLIT[:LEVEL] (never the curriculum's "test" split: it is held out)."""
     max_tasks: int = 4
     """scripted: the first N tasks of `tasks` (sessions cycle through them)."""
     max_steps: int = 2
@@ -78,6 +80,12 @@ class TrainSection:
     """k3 KL to the served weights (0: off)."""
     min_samples: int = 1
     """fewer distilled samples than this: the cycle stops (no candidate) with decision "skip"."""
+    lora_r: int = 8
+    """per-organisation adapters (`etude loop --org`): LoRA rank."""
+    lora_alpha: int = 16
+    """per-organisation adapters: LoRA scaling numerator (scale = alpha / r)."""
+    lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    """per-organisation adapters: the linear layers that get an adapter."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +214,18 @@ class AlarmSection:
 
 
 @dataclass(frozen=True)
+class OrgSection:
+    """`[orgs.NAME]`: what `etude loop --org NAME` needs to know about one organisation."""
+
+    tasks: str | None = None
+    """its users' requests and repositories (default: [traffic] tasks)."""
+    repos: tuple[str, ...] = ()
+    """its repositories: only tasks of these packages (empty: every package of `tasks`)."""
+    users: int | None = None
+    """simulated users of this organisation (default: [traffic] users)."""
+
+
+@dataclass(frozen=True)
 class LoopConfig:
     name: str = "loop"
     """prefix of candidate checkpoint names (`<name>-c0001`) and experiment ids."""
@@ -215,6 +235,11 @@ class LoopConfig:
     """store URL (default: sqlite file `<root>/etude.db`)."""
     org: str = "loop"
     """organisation whose traffic is collected and trained on."""
+    specialise: bool = False
+    """per-organisation specialisation (set by `etude loop --org ORG`): train a LoRA adapter for
+    `org` from its interactions only, on top of the shared production checkpoint; gate it on the
+    org's own held-out tasks (tasks of its repositories its users never sent); register it as the
+    org's checkpoint, canary it to the org's users only, promote or roll back in the org's scope."""
     model: str = "tiny"
     """initial production checkpoint when the registry has none ("tiny", "smollm2", a directory)."""
     seed: int = 0
@@ -228,6 +253,23 @@ class LoopConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     canary: CanarySection = field(default_factory=CanarySection)
     alarms: AlarmSection = field(default_factory=AlarmSection)
+    users: UserModel = field(default_factory=UserModel)
+    """`[users]`: the simulated users' behaviour (etude.loop.population.UserModel)."""
+    orgs: dict[str, OrgSection] = field(default_factory=dict)
+    """`[orgs.NAME]` tables: organisations `etude loop --org NAME` may specialise for."""
+
+    def for_org(self, org: str) -> LoopConfig:
+        """This config specialised for `org` (what `--org` runs): its own cycle directories under
+        `<root>/orgs/<org>`, the same store, candidates named `<name>-<org>-cNNNN`, its users'
+        tasks and count from `[orgs.<org>]`."""
+        o = self.orgs.get(org, OrgSection())
+        traffic = dataclasses.replace(self.traffic, tasks=o.tasks or self.traffic.tasks,
+                                      users=o.users or self.traffic.users)
+        return dataclasses.replace(self, org=org, specialise=True, name=f"{self.name}-{org}", db=self.db_url(),
+                                   root=str(Path(self.root) / "orgs" / org), traffic=traffic)
+
+    def org_repos(self) -> tuple[str, ...]:
+        return self.orgs.get(self.org, OrgSection()).repos
 
     def __post_init__(self) -> None:
         p = self.canary.plan()
@@ -252,7 +294,7 @@ class LoopConfig:
         d = dict(d)
         top = dict(d.pop("loop", {}) or {})
         sections = {"traffic": TrafficConfig, "distill": DistillSection, "train": TrainSection,
-                    "eval": EvalSection, "canary": CanarySection, "alarms": AlarmSection}
+                    "eval": EvalSection, "canary": CanarySection, "alarms": AlarmSection, "users": UserModel}
         unknown = sorted(set(d) - set(sections) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise EtudeError(f"unknown table(s) in loop config: {', '.join(unknown)}")
@@ -262,6 +304,10 @@ class LoopConfig:
         for key, typ in sections.items():
             if key in d:
                 top[key] = _section(typ, d[key], key)
+        if "orgs" in top:
+            if not isinstance(top["orgs"], dict):
+                raise EtudeError("[orgs] must be a table of [orgs.NAME] tables")
+            top["orgs"] = {name: _section(OrgSection, o, f"orgs.{name}") for name, o in top["orgs"].items()}
         return _build(cls, top, "loop")
 
     @classmethod
@@ -281,6 +327,9 @@ def _section(typ: Any, d: Any, where: str) -> Any:
         d["rules"] = tuple(_build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
     if where == "canary" and "weights" in d:
         d["weights"] = tuple(float(w) for w in d["weights"])
+    for key in ("repos", "lora_target_modules"):
+        if key in d and isinstance(d[key], list):
+            d[key] = tuple(str(x) for x in d[key])
     return _build(typ, d, where)
 
 

@@ -20,17 +20,33 @@ Never filtered out: interactions whose answer had malformed tool calls (they car
 `max_staleness` behind the reference version) and, if configured, checkpoints outside
 `checkpoints`; both are counted.
 
-Signals -> meta["feedback"]: the newest `edit_persistence` event gives edit_persistence and
-reverted; the newest `followup` event gives the label; otherwise a `retry` or `reject` event
-means "dissatisfied" and an `accept` means "satisfied"; latency is the client's reported total
-if any, else the server's measured latency. A tool call's result is read from the next
-interaction of the same session (a tool message answering its id; "Error:" marks a failure);
-a call whose result never came back is not counted as broken.
+Every turn is scored by what judged it. Interactions are grouped into *episodes*: in a
+session, in time order, a request whose last message is the user's starts one, and the requests
+that carry tool results back continue it (the agent's turns on one user request, a follow-up's
+answer being an episode of its own). Signals -> meta["feedback"]:
+- per turn: the newest `edit_persistence` event on that interaction gives edit_persistence and
+  reverted (persistence judges the edits that turn wrote); latency is the client's reported total
+  if any, else the server's measured latency;
+- per episode (applied to every turn of it, whichever of its interactions the event was posted
+  on): the newest `accept` / `reject` gives `accepted` True / False; the newest `followup` event
+  (the server labels the next user message and attaches it to the newest turn before it) gives
+  the label, else a `retry` means "dissatisfied".
+- `latency_reference_s`: the median server latency of the reference checkpoint's interactions in
+  the window (the org's production checkpoint, i.e. the production arm) whose prompt has the same
+  size bucket (log2 of the prompt tokens), the nearest bucket with at least `min_reference`
+  interactions if that one has fewer, all of its interactions if no bucket has enough; the
+  window's interactions of every checkpoint when production answered none. The latency term is
+  measured against it (etude.rewards.production), so it never saturates.
+A tool call's result is read from the next interaction of the same session (a tool message
+answering its id; "Error:" marks a failure); a call whose result never came back is not counted
+as broken.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -61,7 +77,9 @@ class DistillConfig:
     checkpoints: tuple[str, ...] | None = None
     """only these checkpoints (e.g. the arms of one experiment); None = all."""
     latency_budget_s: float = 20.0
-    """latency at which the latency term reaches -1."""
+    """latency term without a reference: -latency / (latency + budget) (half at the budget)."""
+    min_reference: int = 3
+    """interactions a size bucket needs to give the latency reference on its own."""
     reward: Any = None
     """etude.rewards.RewardConfig (None: its defaults)."""
 
@@ -138,14 +156,88 @@ def distill(store: Any, org: str, window: tuple[float | None, float | None] | No
             stale[r["checkpoint"]] += 1
         else:
             keep.append(r)
-    events = _events_by_interaction(store.feedback(org=org, interaction_ids=[r["id"] for r in keep]))
+    events = _events_by_interaction(store.feedback(org=org, interaction_ids=[r["id"] for r in rows]))
     results = _tool_results(rows)
+    episodes = episode_of(rows)
+    judged = _episode_events(episodes, events)
+    prod = production(store, org)
+    lat_ref = LatencyReference.from_rows(rows, prod.name if prod else None, cfg.min_reference)
     rcfg = cfg.reward or RewardConfig()
     samples = []
     for r in keep:
-        traj = to_trajectory(r, events.get(r["id"], []), results, cfg.latency_budget_s)
+        traj = to_trajectory(r, events.get(r["id"], []), results, cfg.latency_budget_s,
+                             episode_events=judged.get(episodes[r["id"]], []),
+                             latency_reference_s=lat_ref.for_row(r), episode=episodes[r["id"]])
         samples.append(_sample(r, traj, score(traj, None, None, rcfg)))
     return DistillResult(samples, sum(stale.values()), dict(stale), other, ref, len(rows))
+
+
+# -- episodes and the latency reference --------------------------------------------------------
+JUDGEMENTS = ("accept", "reject", "followup", "retry")  # events that judge a whole episode
+
+
+def _last_role(row: dict[str, Any]) -> str | None:
+    msgs = row.get("messages") or []
+    return msgs[-1]["role"] if msgs else None
+
+
+def episode_of(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """interaction id -> episode id ("<session>#<k>"): per session in time order, a request
+    ending with a user message (or the session's first request) opens episode k+1; requests
+    ending with tool results continue the current one."""
+    by_session: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_session.setdefault(r["session_id"] or r["id"], []).append(r)
+    out: dict[str, str] = {}
+    for sid, rs in by_session.items():
+        k = 0
+        for i, r in enumerate(sorted(rs, key=lambda r: (r["created_at"], r["id"]))):
+            if i > 0 and _last_role(r) not in ("tool", "assistant"):
+                k += 1
+            out[r["id"]] = f"{sid}#{k}"
+    return out
+
+
+def _episode_events(episodes: dict[str, str], events: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for iid, evs in events.items():
+        if iid in episodes:
+            out.setdefault(episodes[iid], []).extend(e for e in evs if e["kind"] in JUDGEMENTS)
+    for evs in out.values():
+        evs.sort(key=lambda e: e["created_at"])
+    return out
+
+
+def size_bucket(prompt_tokens: int) -> int:
+    """Requests of the same size for the latency reference: floor(log2(prompt tokens))."""
+    return int(math.log2(max(1, int(prompt_tokens or 0))))
+
+
+@dataclass
+class LatencyReference:
+    """Median latency per prompt-size bucket of the reference checkpoint (the production arm)."""
+
+    medians: dict[int, float]
+    counts: dict[int, int]
+    overall: float | None
+    min_count: int = 3
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[dict[str, Any]], checkpoint: str | None, min_count: int = 3) -> LatencyReference:
+        ref = [r for r in rows if r["checkpoint"] == checkpoint] or list(rows)
+        by: dict[int, list[float]] = {}
+        for r in ref:
+            by.setdefault(size_bucket(r["prompt_tokens"]), []).append(float(r["latency_s"]))
+        lats = [x for v in by.values() for x in v]
+        return cls({b: statistics.median(v) for b, v in by.items()}, {b: len(v) for b, v in by.items()},
+                   statistics.median(lats) if lats else None, min_count)
+
+    def for_row(self, row: dict[str, Any]) -> float | None:
+        b = size_bucket(row["prompt_tokens"])
+        ok = [k for k, n in self.counts.items() if n >= self.min_count]
+        if not ok:
+            return self.overall
+        return self.medians[min(ok, key=lambda k: (abs(k - b), k))]
 
 
 def _reference_version(store: Any, org: str, rows: Sequence[dict[str, Any]], cfg: DistillConfig) -> int | None:
@@ -164,28 +256,35 @@ def _events_by_interaction(events: Sequence[dict[str, Any]]) -> dict[str, list[d
     return out
 
 
-def feedback_meta(row: dict[str, Any], events: Sequence[dict[str, Any]], latency_budget_s: float) -> dict[str, Any]:
-    """The `trajectory.meta["feedback"]` dict the reward terms read (see module docstring)."""
+def feedback_meta(row: dict[str, Any], events: Sequence[dict[str, Any]], latency_budget_s: float,
+                  episode_events: Sequence[dict[str, Any]] | None = None,
+                  latency_reference_s: float | None = None) -> dict[str, Any]:
+    """The `trajectory.meta["feedback"]` dict the reward terms read (see module docstring).
+    `events` are the interaction's own; `episode_events` the judgements (accept, reject,
+    followup, retry) posted on any turn of its episode (None: the interaction's own)."""
     fb: dict[str, Any] = {"latency_s": row["latency_s"], "latency_budget_s": latency_budget_s}
-    implied = None
-    for e in events:
+    if latency_reference_s is not None:
+        fb["latency_reference_s"] = latency_reference_s
+    retried = False
+    judgements = [e for e in events if e["kind"] in JUDGEMENTS] if episode_events is None else list(episode_events)
+    for e in [*[e for e in events if e["kind"] not in JUDGEMENTS], *judgements]:
         kind, data = e["kind"], e["data"] or {}
         if kind == "edit_persistence":
             fb["edit_persistence"] = e["value"]
             fb["reverted"] = bool(data.get("reverted", False))
         elif kind == "followup" and data.get("label"):
             fb["followup"] = data["label"]
-        elif kind in ("retry", "reject"):
-            implied = "dissatisfied"
-        elif kind == "accept":
-            implied = implied or "satisfied"
+        elif kind == "retry":
+            retried = True
+        elif kind in ("accept", "reject"):
+            fb["accepted"] = kind == "accept"
         elif kind == "latency":
             total = data.get("total_s", e["value"])
             if total is not None:
                 fb["latency_s"] = float(total)
         fb.setdefault("events", []).append(kind)
-    if "followup" not in fb and implied is not None:
-        fb["followup"] = implied
+    if "followup" not in fb and retried:
+        fb["followup"] = "dissatisfied"
     return fb
 
 
@@ -200,8 +299,9 @@ def _tool_results(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 def to_trajectory(row: dict[str, Any], events: Sequence[dict[str, Any]], results: dict[str, str],
-                  latency_budget_s: float = 20.0) -> Trajectory:
-    """One logged interaction as a one-turn Trajectory with meta["feedback"]."""
+                  latency_budget_s: float = 20.0, *, episode_events: Sequence[dict[str, Any]] | None = None,
+                  latency_reference_s: float | None = None, episode: str | None = None) -> Trajectory:
+    """One logged interaction as a one-turn Trajectory with meta["feedback"] (and meta["episode"])."""
     resp = row["response"] or {}
     calls = tuple(_call(c) for c in resp.get("tool_calls") or ())
     gen = Generation(text=resp.get("raw_text", resp.get("content", "")), prompt_token_ids=tuple(row["prompt_token_ids"]),
@@ -213,7 +313,8 @@ def to_trajectory(row: dict[str, Any], events: Sequence[dict[str, Any]], results
     msgs = [Message.from_dict({**m, "tool_calls": m.get("tool_calls") or ()}) for m in row.get("messages", [])]
     msgs.append(Message(role="assistant", content=resp.get("content", ""), tool_calls=calls))
     stop = "max_tokens" if row["finish_reason"] == "length" else "answer"
-    meta = {"feedback": feedback_meta(row, events, latency_budget_s), "interaction_id": row["id"],
+    meta = {"feedback": feedback_meta(row, events, latency_budget_s, episode_events, latency_reference_s),
+            "interaction_id": row["id"], "episode": episode,
             "source": "production", "arm": row.get("arm"), "experiment_id": row.get("experiment_id")}
     return Trajectory(episode_id=row["id"], task_id=None, policy_id=row["checkpoint"],
                       policy_version=int(row["policy_version"]), messages=tuple(msgs), turns=(turn,),

@@ -1,39 +1,75 @@
-"""Scripted users: the traffic of tests, benchmarks and the demo. THESE USERS ARE SCRIPTED.
+"""The simulated user population: the traffic of tests, benchmarks and the demo. THESE USERS
+ARE SIMULATED, not real people.
 
-Each session of each user runs the real agent client against the real server over HTTP:
-`etude.harness.run_agent` with `etude.policy.openai_http.OpenAIPolicy` (model "auto", the
-user's id in the body, a session header), in the episode training and evaluation use
-(`etude.envs.episode.open_task_episode`: a fresh copy-on-write workspace of the task's
-repository with the task's sandbox). Then the user behaves by a fixed script:
+```python
+from etude.loop.users import UserModel, make_population, run_population
+users = make_population(tasks, 40, seed=0)                 # each: one repository, a request stream
+records = run_population(base_url, api_key, users, round_key="collect-0", model=UserModel())
+```
 
-1. grades the agent's patch with the task's hidden tests in a clean copy (`etude.envs.grade`);
-2. keeps the edits if the tests pass, reverts them otherwise (the workspace is the user's repo);
-3. reports what a real client would: edit persistence of every turn that wrote something
-   (measured on the repository after keeping / reverting), and accept or reject of the session,
-   through the real `/v1/feedback` endpoint (`etude.feedback.client`);
-4. when the tests still fail, sends a dissatisfied follow-up ("It still fails ...") as a
-   second request in the same session; the server labels it from its own rules.
+Each user has one repository (a package of the task curriculum) and a seeded stream of requests
+(that repository's tasks). A session runs the real agent client against the real server over
+HTTP: `etude.harness` with `etude.policy.openai_http.OpenAIPolicy` (model "auto", the user's id in
+the body, a session header) in a fresh copy-on-write workspace of the task's repository with the
+task's sandbox (`etude.envs.episode.open_task_episode`), asked the same text as training and
+evaluation (`task_request`). Then, per change the agent made (its answer to the request, then to
+each follow-up):
 
-What this does not pretend: real users are not this consistent, do not grade with hidden tests,
-and do not react within a second. The loop takes any traffic source; this one exists so a
-whole cycle can run unattended on one machine.
+1. the simulator grades the workspace once (`etude.envs.grade`, the task's tests in a clean copy)
+   and hands the user one bit, correct or not; no user reads a test or the gold patch;
+2. the user reacts through noise (`etude.loop.population.UserModel.react`): keeps the change with
+   p_keep_good / p_keep_bad (accept), else rejects it and puts the files back as they were before
+   it; abandons the session (no explicit verdict, no follow-up) with p_abandon; sends a
+   dissatisfied follow-up with p_dissatisfied_good / _bad — a real next request in the same
+   session, which the server labels by its rules and which the agent answers (that answer is
+   graded and judged the same way, up to max_followups) — or says thanks with p_satisfied_*;
+3. accept / reject go to `/v1/feedback` on the change's last interaction (distillation gives the
+   verdict to every turn of that change), thanks as a `followup` event with its text;
+4. when the session is over the user edits their repository: a Beta-distributed share
+   (mean overwrite_good / overwrite_bad) of the lines the agent wrote and the user kept are
+   rewritten; after persistence_delay_s the real n-gram survival tracker
+   (`etude.feedback.measure_edit_persistence`) measures, per turn that wrote something, how much
+   of it survives in the repository, and reports it on that turn's interaction.
+
+What this does not pretend: real users are not Bernoulli draws with two rates, and they react
+over minutes to days, not seconds. The loop takes any traffic source; this one exists so whole
+cycles can run unattended on one machine with a signal about as weak as production's.
 """
 
 from __future__ import annotations
 
-import random
+import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import httpx
+
 from etude.envs.episode import open_task_episode, task_harness_config, task_request
+from etude.envs.grade import grade_patch
+from etude.errors import EtudeError
+from etude.feedback.client import AgentWrite, edits_from_trajectory, measure_edit_persistence, report_feedback
+from etude.harness import HarnessConfig
+from etude.loop.population import (
+    DISSATISFIED_MESSAGES,
+    SATISFIED_MESSAGES,
+    Reaction,
+    SessionSpec,
+    SimUser,
+    UserModel,
+    make_population,
+    repo_of,
+    session_rng,
+)
 from etude.policy.openai_http import OpenAIPolicy
 from etude.types import Task, Trajectory
 
-SCRIPTED_NOTE = "traffic from scripted users (etude.loop.users), not real people"
-FOLLOWUP = "It still fails: the tests do not pass with your change. Please fix it properly."
+SCRIPTED_NOTE = "traffic from simulated users (etude.loop.users), not real people"
+__all__ = ["SCRIPTED_NOTE", "SimUser", "UserModel", "UserPolicy", "make_population", "repo_of", "run_population",
+           "run_scripted_users"]
 
 
 class UserPolicy(OpenAIPolicy):
@@ -49,95 +85,122 @@ class UserPolicy(OpenAIPolicy):
         return super()._create({**body, "user": self.user})
 
 
-def run_scripted_users(base_url: str, api_key: str, tasks: Sequence[Task], *, users: int = 4,
-                       sessions_per_user: int = 1, model: str = "auto", seed: int = 0, max_steps: int = 2,
-                       max_tokens: int = 32, temperature: float = 0.7, concurrency: int = 2,
-                       user_prefix: str = "user", progress: bool = False) -> list[dict[str, Any]]:
-    """Run users × sessions scripted sessions; one record per session (see module docstring)."""
-    if not tasks:
-        from etude.errors import EtudeError
-
-        raise EtudeError("scripted users need at least one task")
-    rng = random.Random(seed)
-    jobs = [(f"{user_prefix}-{u:03d}", s, tasks[rng.randrange(len(tasks))])
-            for u in range(users) for s in range(sessions_per_user)]
-    run = _Runner(base_url, api_key, model, max_steps, max_tokens, temperature, seed)
-    with _bar(progress, len(jobs)) as advance, ThreadPoolExecutor(max_workers=concurrency) as pool:
+def run_population(base_url: str, api_key: str, users: Sequence[SimUser], *, round_key: str = "0",
+                   sessions_per_user: int = 1, model: UserModel | None = None, start: int = 0,
+                   served_model: str = "auto", max_steps: int = 2, max_tokens: int = 32, temperature: float = 0.7,
+                   concurrency: int = 2, progress: bool = False) -> list[dict[str, Any]]:
+    """Each user runs `sessions_per_user` sessions: requests start + k of their stream. One
+    record per session; a session that fails is recorded with its error, the others go on."""
+    um = model or UserModel()
+    specs = [SessionSpec(u, u.request(start + k), start + k, session_rng(u, round_key, start + k))
+             for u in users for k in range(sessions_per_user)]
+    run = _Runner(base_url, api_key, served_model, um, HarnessConfig(
+        max_steps=max_steps, max_tokens_per_turn=max_tokens, temperature=temperature, time_limit_s=300.0))
+    with _bar(progress, len(specs)) as advance, ThreadPoolExecutor(max_workers=concurrency) as pool:
         records = []
-        for rec in pool.map(run.session, jobs):
+        for rec in pool.map(run.session, specs):
             records.append(rec)
             advance()
     return records
 
 
+def run_scripted_users(base_url: str, api_key: str, tasks: Sequence[Task], *, users: int = 4,
+                       sessions_per_user: int = 1, model: str = "auto", seed: int = 0, max_steps: int = 2,
+                       max_tokens: int = 32, temperature: float = 0.7, concurrency: int = 2,
+                       user_prefix: str = "user", progress: bool = False, user_model: UserModel | None = None,
+                       round_key: str = "0", start: int = 0) -> list[dict[str, Any]]:
+    """`make_population(tasks, users, seed)` then `run_population` (the loop's traffic)."""
+    if not tasks:
+        raise EtudeError("simulated users need at least one task")
+    pop = make_population(tasks, users, seed=seed, model=user_model, prefix=user_prefix)
+    return run_population(base_url, api_key, pop, round_key=round_key, sessions_per_user=sessions_per_user,
+                          model=user_model, start=start, served_model=model, max_steps=max_steps,
+                          max_tokens=max_tokens, temperature=temperature, concurrency=concurrency, progress=progress)
+
+
 class _Runner:
-    def __init__(self, base_url: str, api_key: str, model: str, max_steps: int, max_tokens: int,
-                 temperature: float, seed: int) -> None:
-        from etude.harness import HarnessConfig
+    def __init__(self, base_url: str, api_key: str, served_model: str, model: UserModel, hcfg: HarnessConfig) -> None:
+        self.base_url, self.api_key, self.served_model, self.model, self.hcfg = (
+            base_url, api_key, served_model, model, hcfg)
 
-        self.base_url, self.api_key, self.model, self.seed = base_url, api_key, model, seed
-        self.hcfg = HarnessConfig(max_steps=max_steps, max_tokens_per_turn=max_tokens, temperature=temperature,
-                                  time_limit_s=300.0)
-
-    def session(self, job: tuple[str, int, Task]) -> dict[str, Any]:
-        user, k, task = job
-        sid = f"{user}-s{k}-{uuid.uuid4().hex[:8]}"
+    def session(self, spec: SessionSpec) -> dict[str, Any]:
+        sid = f"{spec.user.id}-s{spec.index}-{uuid.uuid4().hex[:8]}"
         try:
-            return self._session(user, sid, task)
+            return self._session(spec, sid)
         except Exception as e:  # noqa: BLE001 - one failed session must not stop the others
-            return {"user": user, "session": sid, "task": task.instance_id, "error": f"{type(e).__name__}: {e}",
-                    "scripted": True, "note": SCRIPTED_NOTE}
+            return {**spec.extras(), "session": sid, "error": f"{type(e).__name__}: {e}", "scripted": True,
+                    "note": SCRIPTED_NOTE}
 
     def _policy(self, user: str, sid: str) -> UserPolicy:
-        return UserPolicy(self.base_url, self.model, self.api_key, {"x-etude-session": sid}, user=user,
+        return UserPolicy(self.base_url, self.served_model, self.api_key, {"x-etude-session": sid}, user=user,
                           max_retries=1, timeout_s=300.0)
 
-    def _session(self, user: str, sid: str, task: Task) -> dict[str, Any]:
+    def _session(self, spec: SessionSpec, sid: str) -> dict[str, Any]:
         t0 = time.monotonic()
-        policy = self._policy(user, sid)
+        task, rng, um = spec.task, spec.rng, self.model
+        policy = self._policy(spec.user.id, sid)
         hcfg = task_harness_config(task, self.hcfg)
-        # the one episode builder, as in training and evaluation (same workspace, sandbox, request)
+        changes: list[dict[str, Any]] = []
+        kept_writes: list[AgentWrite] = []
+        trajs: list[Trajectory] = []
         with open_task_episode(task) as ep:
-            traj = ep.run(policy, task_request(task), hcfg)
-            outcome = _grade(task, traj.diff)
-            if not outcome.resolved and traj.diff:
-                _revert(ep.path, ep.workspace.template, traj.diff)
-            fb = self._feedback(ep.path, traj, sid, outcome.resolved)
-            follow = None
-            if not outcome.resolved:
-                follow = ep.run(policy, FOLLOWUP, hcfg.replace(max_steps=1), history=traj.messages)
-        served = self._served(traj)
-        return {"user": user, "session": sid, "task": task.instance_id, "resolved": outcome.resolved,
-                "persistence": fb.get("persistence"), "reverted": fb.get("reverted"), "accepted": outcome.resolved,
-                "followup": follow is not None, "turns": len(traj.turns), "stop_reason": traj.stop_reason,
+            request, history = task_request(task), None
+            for attempt in range(um.max_followups + 1):
+                before = _snapshot(ep.path)
+                traj = ep.run(policy, request, hcfg, task_id=task.instance_id, history=history)
+                trajs.append(traj)
+                correct = bool(grade_patch(task, ep.diff()).resolved)  # the user's one view of this change
+                r = um.react(correct, rng, spec.user.leniency)
+                changes.append(self._react(ep.path, traj, r, correct, before, kept_writes, rng))
+                if r.followup != "dissatisfied" or attempt == um.max_followups:
+                    break
+                request, history = rng.choice(DISSATISFIED_MESSAGES), traj.messages
+            _overwrite(ep.path, kept_writes, changes, rng, spec.user.id)
+            if um.persistence_delay_s:
+                time.sleep(um.persistence_delay_s)
+            persistence = self._persistence(ep.path, trajs, um.persistence_delay_s)
+        first = changes[0]
+        served = self._served(trajs[0])
+        return {**spec.extras(), "session": sid, "resolved": first["correct"], "accepted": first["kept"],
+                "abandoned": any(c["abandoned"] for c in changes), "changes": changes,
+                "followups": len(changes) - 1, "persistence": persistence,
+                "turns": sum(len(t.turns) for t in trajs), "stop_reason": trajs[-1].stop_reason,
                 "latency_s": round(time.monotonic() - t0, 3), "checkpoint": served.get("checkpoint"),
-                "arm": served.get("arm"), "interaction_ids": _ids(traj) + (_ids(follow) if follow else []),
+                "arm": served.get("arm"), "interaction_ids": [i for t in trajs for i in _ids(t)],
                 "scripted": True, "note": SCRIPTED_NOTE}
 
-    def _feedback(self, repo: Any, traj: Trajectory, sid: str, resolved: bool) -> dict[str, Any]:
-        import dataclasses
+    def _react(self, repo: Path, traj: Trajectory, r: Reaction, correct: bool, before: dict[str, bytes],
+               kept_writes: list[AgentWrite], rng: Any) -> dict[str, Any]:
+        ids = _ids(traj)
+        if r.kept:
+            kept_writes.extend(edits_from_trajectory(traj))
+        else:
+            _restore(repo, before)
+        last = ids[-1] if ids else None
+        if last and not r.abandoned:
+            report_feedback(self.base_url, self.api_key, last, "accept" if r.kept else "reject",
+                            data={"simulated": True})
+            if r.followup == "satisfied":
+                report_feedback(self.base_url, self.api_key, last, "followup",
+                                data={"text": rng.choice(SATISFIED_MESSAGES)})
+        return {"correct": correct, "kept": r.kept, "abandoned": r.abandoned, "followup": r.followup,
+                "overwrite_share": round(r.overwrite_share, 4), "interaction_ids": ids}
 
-        from etude.feedback.client import edits_from_trajectory, measure_edit_persistence, report_feedback
-
-        scores, reverted = [], False
-        for turn in traj.turns:  # credit each edit to the generation that made it
-            edits = edits_from_trajectory(dataclasses.replace(traj, turns=(turn,)))
-            iid = getattr(turn.generation, "response_id", None)
-            if not edits or not iid:
-                continue
-            rep = measure_edit_persistence(repo, edits)
-            report_feedback(self.base_url, self.api_key, iid, "edit_persistence", rep.score, rep.data(delay_s=0.0))
-            scores.append(rep.score)
-            reverted = reverted or rep.reverted
-        last = next((i for i in reversed(_ids(traj))), None)
-        if last:
-            report_feedback(self.base_url, self.api_key, last, "accept" if resolved else "reject",
-                            data={"scripted": True})
-        return {"persistence": sum(scores) / len(scores) if scores else None, "reverted": reverted}
+    def _persistence(self, repo: Path, trajs: Sequence[Trajectory], delay_s: float) -> float | None:
+        scores = []
+        for traj in trajs:
+            for turn in traj.turns:  # each turn's edits are judged on that turn's interaction
+                edits = edits_from_trajectory(dataclasses.replace(traj, turns=(turn,)))
+                iid = getattr(turn.generation, "response_id", None)
+                if not edits or not iid:
+                    continue
+                rep = measure_edit_persistence(repo, edits)
+                report_feedback(self.base_url, self.api_key, iid, "edit_persistence", rep.score,
+                                rep.data(delay_s=delay_s))
+                scores.append(rep.score)
+        return sum(scores) / len(scores) if scores else None
 
     def _served(self, traj: Trajectory) -> dict[str, Any]:
-        import httpx
-
         ids = _ids(traj)
         if not ids:
             return {}
@@ -146,26 +209,45 @@ class _Runner:
         return r.json() if r.status_code == 200 else {}
 
 
-def _grade(task: Task, diff: str) -> Any:
-    from etude.envs.grade import grade_patch
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(root).parts
+            and "__pycache__" not in p.parts]
 
-    return grade_patch(task, diff)
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """The repository's files before a change, so a rejected change is put back exactly."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in _files(root)}
 
 
-def _revert(repo: Any, template: Any, diff: str) -> None:
-    """The user throws the agent's change away: every file it touched is put back as it was."""
-    import shutil
-    from pathlib import Path
+def _restore(root: Path, before: dict[str, bytes]) -> None:
+    """The user rejects the change: every file is put back as it was before it."""
+    now = {str(p.relative_to(root)) for p in _files(root)}
+    for rel in now - set(before):
+        (root / rel).unlink(missing_ok=True)
+    for rel, data in before.items():
+        p = root / rel
+        if not p.is_file() or p.read_bytes() != data:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
 
-    from etude.tasks.diffs import changed_paths
 
-    for rel in changed_paths(diff):
-        src, dst = Path(template) / rel, Path(repo) / rel
-        if src.is_file():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dst)
-        elif dst.is_file():
-            dst.unlink()
+def _overwrite(root: Path, writes: Sequence[AgentWrite], changes: Sequence[dict[str, Any]], rng: Any, user: str) -> int:
+    """The user's own later edits: each kept agent line is rewritten with the session's share
+    (the last kept change's, drawn by the UserModel). Returns the lines rewritten."""
+    share = next((c["overwrite_share"] for c in reversed(changes) if c["kept"]), 0.0)
+    n = 0
+    for w in writes:
+        p = root / w.path
+        if not share or not p.is_file():
+            continue
+        text = p.read_text(errors="replace")
+        for line in {ln for ln in w.text.splitlines() if ln.strip()}:
+            if line in text and rng.random() < share:
+                indent = line[: len(line) - len(line.lstrip())]
+                text = text.replace(line, f"{indent}# {user} rewrote this line ({rng.randrange(10**6)})", 1)
+                n += 1
+        p.write_text(text)
+    return n
 
 
 def _ids(traj: Trajectory | None) -> list[str]:
@@ -187,7 +269,7 @@ class _bar:
 
         self.p = Progress(transient=True)
         self.p.start()
-        task = self.p.add_task(f"scripted users ({SCRIPTED_NOTE})", total=self.total)
+        task = self.p.add_task(f"simulated users ({SCRIPTED_NOTE})", total=self.total)
         return lambda: self.p.advance(task)
 
     def __exit__(self, *exc: Any) -> None:

@@ -85,3 +85,66 @@ def test_distill_scores_every_interaction_with_feedback_and_logprobs(server, tmp
     assert distill(server.store, "acme", config=DistillConfig(max_staleness=2)).excluded_stale == 0
     assert distill(server.store, "acme", config=DistillConfig(max_staleness=1)).excluded_stale == 1
     assert len(distill(server.store, "other")) == 0
+
+
+def test_distilled_rewards_rank_a_correct_answer_above_a_wrong_one(server):
+    """The same request answered twice over the real server (two turns each: a tool call, then
+    the answer). One user keeps the change (accept, edits persisting); the other rejects it,
+    reverts it and complains; the complaint's answer is accepted. Every turn carries the verdict
+    on its own change: each turn of the kept answer outranks each turn of the rejected one,
+    the follow-up's answer is judged by its own verdict, and latency is never saturated."""
+    key = server.key("acme")
+    c = openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+    request = "use a tool to fix the failing test in parser.py"
+
+    def episode(session, user, history=()):
+        msgs = [*history, {"role": "user", "content": request if not history else "that's wrong, it still fails; use a tool again"}]
+        raw = c.chat.completions.with_raw_response.create(model="auto", user=user, tools=TOOLS, messages=msgs,
+                                                          extra_headers={"x-etude-session": session})
+        first, resp = raw.headers["x-etude-interaction-id"], raw.parse()
+        call = resp.choices[0].message.tool_calls[0]
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": "def parse(s):\n    return s\n"}]
+        second, _ = _ask(c, None, session=session, messages=msgs, tools=TOOLS)
+        return [first, second], msgs
+
+    good, _ = episode("s-good", "u-good")
+    bad, history = episode("s-bad", "u-bad")
+    fix, _ = episode("s-bad", "u-bad", history=history)  # the dissatisfied follow-up and its answer
+    report_feedback(server.base_url, key, good[0], "edit_persistence", 0.9, {"reverted": False})
+    report_feedback(server.base_url, key, good[-1], "accept")
+    report_feedback(server.base_url, key, bad[0], "edit_persistence", 0.0, {"reverted": True})
+    report_feedback(server.base_url, key, bad[-1], "reject")
+    report_feedback(server.base_url, key, fix[-1], "accept")
+
+    by_id = {s.interaction_id: s for s in distill(server.store, "acme")}
+    total = lambda i: by_id[i].reward.total  # noqa: E731
+    assert min(total(i) for i in good) > max(total(i) for i in bad)
+    for i in good:
+        assert by_id[i].reward.terms["accept"] == 1.0 and by_id[i].trajectory.meta["episode"].startswith("s-good#0")
+    for i in bad:  # the verdict and the complaint reach the turn they were not posted on too
+        assert by_id[i].reward.terms["accept"] == -1.0 and by_id[i].reward.terms["followup"] == -1.0
+    assert by_id[good[0]].reward.terms["edit_persistence"] == pytest.approx(0.8)
+    assert by_id[good[1]].reward.terms["edit_persistence"] is None  # persistence judges the turn that wrote
+    for i in fix:  # the follow-up's answer is an episode of its own, judged by its own verdict
+        assert by_id[i].trajectory.meta["episode"] == "s-bad#1"
+        assert by_id[i].reward.terms["accept"] == 1.0 and by_id[i].reward.terms["followup"] is None
+    assert min(total(i) for i in fix) > max(total(i) for i in bad)
+    lat = [s.reward.terms["latency"] for s in by_id.values()]
+    assert all(-1.0 < x < 1.0 for x in lat)
+    assert all(s.trajectory.meta["feedback"]["latency_reference_s"] > 0 for s in by_id.values())
+
+
+def test_broken_calls_and_clarifications_keep_their_penalty_when_accepted(server):
+    """An accepted verdict does not wash out a broken call or a question asked instead of acting."""
+    key = server.key("acme")
+    c = openai.OpenAI(base_url=server.base_url, api_key=key, max_retries=0)
+    broken, _ = _ask(c, "broken call please", tools=TOOLS)
+    question, _ = _ask(c, "can you fix it?")
+    plain, _ = _ask(c, "fix it")
+    for i in (broken, question, plain):
+        report_feedback(server.base_url, key, i, "accept")
+    by_id = {s.interaction_id: s for s in distill(server.store, "acme")}
+    assert by_id[broken].reward.terms["broken_calls"] < 0 and by_id[question].reward.terms["needless_clarification"] == -1
+    assert by_id[broken].reward.total < by_id[plain].reward.total
+    assert by_id[question].reward.total < by_id[plain].reward.total
