@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etude.configfile import apply_overrides, build, read_toml
 from etude.errors import EtudeError
 from etude.loop.population import UserModel
 
@@ -70,8 +71,8 @@ class TrainSection:
     """optimizer steps over the distilled samples (each step = one batch)."""
     batch_size: int = 16
     """samples per step (batches cycle over the samples in a seeded order)."""
-    lr: float = 1e-4
-    """AdamW learning rate."""
+    lr: float = 1e-5
+    """AdamW learning rate (the trainer's default, TrainConfig.lr)."""
     micro_batch_tokens: int = 2048
     """packed tokens per micro-batch."""
     is_cap: float = 2.0
@@ -311,10 +312,13 @@ class LoopConfig:
         return _build(cls, top, "loop")
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> LoopConfig:
-        from etude.configfile import read_toml
-
-        return cls.from_dict(read_toml(path, "loop config"))
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> LoopConfig:
+        """From a TOML file, `overrides` (dotted keys, e.g. "train.steps") applied on top; errors name the file."""
+        data = apply_overrides(read_toml(path, "loop config"), overrides)
+        try:
+            return cls.from_dict(data)
+        except EtudeError as e:
+            raise EtudeError(f"{path}: {e}") from None
 
 
 def _section(typ: Any, d: Any, where: str) -> Any:
@@ -334,13 +338,4 @@ def _section(typ: Any, d: Any, where: str) -> Any:
 
 
 def _build(typ: Any, d: Any, where: str) -> Any:
-    if not isinstance(d, dict):
-        raise EtudeError(f"[{where}] entries must be tables")
-    names = {f.name for f in dataclasses.fields(typ)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise EtudeError(f"unknown key(s) in [{where}]: {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-    try:
-        return typ(**d)
-    except TypeError as e:
-        raise EtudeError(f"bad [{where}]: {e}") from None
+    return build(typ, d, where)  # the one loader's checks (etude.configfile)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from etude.configfile import read_toml
+from etude.configfile import apply_overrides, build, read_toml
 from etude.errors import EtudeError
 
 FlagAction = Literal["void", "penalise", "ignore"]
@@ -87,11 +87,10 @@ class RewardConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardConfig:
         """Fields from a dict; `weights` and `flag_policy` are merged over the defaults."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise EtudeError(f"unknown reward config key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
         kw = dict(d)
+        for key in ("weights", "flag_policy"):
+            if key in kw and not isinstance(kw[key], dict):
+                raise EtudeError(f"rewards.{key} must be a table, not {type(kw[key]).__name__} ({kw[key]!r})")
         if "weights" in kw:
             kw["weights"] = {**_default_weights(), **{k: float(v) for k, v in kw["weights"].items()}}
         if "flag_policy" in kw:
@@ -99,15 +98,17 @@ class RewardConfig:
             if bad:
                 raise EtudeError(f"flag_policy values must be void|penalise|ignore, got {bad}")
             kw["flag_policy"] = {**_default_flag_policy(), **kw["flag_policy"]}
-        if kw.get("clarification", "penalise") not in ("penalise", "allow"):
-            raise EtudeError(f"clarification must be 'penalise' or 'allow', got {kw['clarification']!r}")
-        return cls(**kw)
+        return build(cls, kw, "rewards")
 
     @classmethod
-    def from_toml(cls, path: str | Path, table: str = "rewards") -> RewardConfig:
+    def from_toml(cls, path: str | Path, table: str = "rewards", overrides: dict[str, Any] | None = None) -> RewardConfig:
         """From a TOML file: its `[rewards]` table if present, else the top level."""
-        data = read_toml(path, "reward config")
-        return cls.from_dict(data[table] if isinstance(data.get(table), dict) else data)
+        data = apply_overrides(read_toml(path, "reward config"), overrides)
+        data = data[table] if isinstance(data.get(table), dict) else data
+        try:
+            return cls.from_dict(data)
+        except EtudeError as e:
+            raise EtudeError(f"{path}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

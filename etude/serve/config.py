@@ -5,12 +5,11 @@ Unknown keys are an error, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from etude.errors import EtudeError
+from etude.configfile import build, load
 
 
 @dataclass
@@ -74,18 +73,12 @@ class ServeConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ServeConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise EtudeError(f"unknown serve config key(s): {', '.join(unknown)} (known: {', '.join(sorted(names))})")
-        return cls(**d)
+        return build(cls, d, "serve")
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> ServeConfig:
-        from etude.configfile import read_toml
-
-        data = read_toml(path, "serve config")
-        return cls.from_dict(data["serve"] if isinstance(data.get("serve"), dict) else data)
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> ServeConfig:
+        """From a TOML file: its `[serve]` table if present, else the top level."""
+        return load(cls, path, "serve config", table="serve", overrides=overrides)
 
     def checkpoint_name(self) -> str:
         if self.name:

@@ -8,21 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
+from etude.configfile import parse_set
 from etude.errors import EtudeError
 from etude.train.sft_cli import register_sft
-
-
-def _parse_set(items: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise EtudeError(f"--set expects key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw  # a bare string
-    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +28,7 @@ def register(app: typer.Typer) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         from etude.train import load_config, train
 
-        overrides = _parse_set(set_ or [])
+        overrides = parse_set(set_ or [])
         if backend is not None:
             overrides["rollout_backend"] = backend
         cfg = load_config(config, overrides)

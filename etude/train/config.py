@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etude.configfile import build, load
 from etude.errors import EtudeError
 from etude.train.losses import ADVANTAGES, AGGREGATIONS, LossConfig
 
@@ -199,41 +200,14 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        d = dict(d)
-        subs = {"env": EnvConfig, "loss": LossConfig, "lora": LoraConfig, "ray": RayConfig,
-                "parallel": ParallelConfig}
-        for key, typ in subs.items():
-            if key in d:
-                d[key] = _build(typ, d[key], key)
-        return _build(cls, d, "config")
+        """From a dict shaped like the TOML file (sub-tables for env, loss, lora, ray, parallel)."""
+        return build(cls, d, "")
 
 
 def _build(typ: Any, d: Any, where: str) -> Any:
-    if not isinstance(d, dict):
-        raise EtudeError(f"[{where}] must be a table")
-    names = {f.name: f for f in dataclasses.fields(typ)}
-    unknown = sorted(set(d) - set(names))
-    if unknown:
-        raise EtudeError(f"unknown key(s) in [{where}]: {', '.join(unknown)}")
-    vals = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    try:
-        return typ(**vals)
-    except TypeError as e:
-        raise EtudeError(f"bad [{where}]: {e}") from e
+    return build(typ, d, where)  # the one loader's checks (etude.configfile)
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a TOML config; `overrides` are dotted keys ("loss.kl_coef") applied on top."""
-    p = Path(path)
-    if not p.is_file():
-        raise EtudeError(f"no config file at {p}")
-    from etude.configfile import read_toml
-
-    data = read_toml(p, "train config")
-    for key, val in (overrides or {}).items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = val
-    return TrainConfig.from_dict(data)
+    return load(TrainConfig, path, "train config", overrides=overrides)

@@ -1,21 +1,6 @@
-"""`--set key=value` overrides shared by `etude train` and `etude sft`."""
+"""`--set key=value` overrides shared by `etude train` and `etude sft`: the one parser lives in
+etude.configfile (every component's loader applies its result the same way)."""
 
-from __future__ import annotations
+from etude.configfile import parse_set
 
-import json
-
-from etude.errors import EtudeError
-
-
-def parse_set(items: list[str]) -> dict[str, object]:
-    """["steps=3", "loss.kl_coef=0.1", "model=tiny"] → {"steps": 3, ...}; values are JSON, else strings."""
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise EtudeError(f"--set expects key=value, got {item!r}")
-        try:
-            out[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key] = raw  # a bare string
-    return out
+__all__ = ["parse_set"]

@@ -42,7 +42,7 @@ def test_cli_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(p)], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines()[-1].startswith("etude: error: unknown key(s) in [train]: stepz")
+    assert res.stderr.strip().splitlines()[-1].startswith(f"etude: error: {p}: unknown key(s) in [train]: stepz")
     assert "Traceback" not in res.stderr
     missing = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(tmp_path / "none.toml")],
                              capture_output=True, text=True, timeout=120)

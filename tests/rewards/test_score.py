@@ -117,7 +117,7 @@ def test_config_from_toml_and_errors(tmp_path: Path) -> None:
     cfg = RewardConfig.from_toml(p)
     assert cfg.partial_credit and cfg.weights["verbosity"] == 0.0 and cfg.flag_policy["exit_call"] == "penalise"
     assert cfg.flag_policy["eq_always_true"] == "void"
-    with pytest.raises(EtudeError, match="unknown reward config key"):
+    with pytest.raises(EtudeError, match=r"unknown key\(s\) in \[rewards\]: wieghts"):
         RewardConfig.from_dict({"wieghts": {}})
     with pytest.raises(EtudeError, match="void|penalise|ignore"):
         RewardConfig.from_dict({"flag_policy": {"exit_call": "zero"}})
