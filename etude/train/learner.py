@@ -132,13 +132,15 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
     ids, pos, grp, br, keep, targets = _layout(samples, share_prefix)
     L = len(ids)
     grp_t, br_t = torch.tensor(grp, device=dev), torch.tensor(br, device=dev)
-    mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (grp_t[:, None] == grp_t[None, :])
-            & ((br_t[None, :] == -1) | (br_t[:, None] == br_t[None, :])))
+    mask = None
+    if len(samples) > 1:  # NOTE: a lone sample is plain causal: no mask lets attention use the fused kernel
+        mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (grp_t[:, None] == grp_t[None, :])
+                & ((br_t[None, :] == -1) | (br_t[:, None] == br_t[None, :])))[None, None]
     # NOTE: logits_to_keep with index tensor: the vocabulary projection (most of a small model's
     # cost) runs only on the positions whose next token is a completion token.
     with _routing(model, samples, moe_stats):
         logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
-                       attention_mask=mask[None, None], logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
+                       attention_mask=mask, logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
     logits = logits.float() if temperature == 1.0 else logits.float() / max(temperature, 1e-6)
     logp = torch.log_softmax(logits, -1)
     chosen = logp.gather(-1, torch.tensor(targets, device=dev)[:, None]).squeeze(-1)
@@ -220,9 +222,13 @@ class Learner:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere
+        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere;
+        # one parameter at a time when they sit on several device meshes (expert parallelism)
         fused = bool(self.params) and self.params[0].device.type in ("cpu", "cuda")
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused or None)
+        per_param = dist is not None and not _single_mesh(self.params)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                     fused=False if per_param else (fused or None),
+                                     foreach=False if per_param else None)
         self.updates = 0
         from etude.scale.moe import is_moe  # MoE route replay needs every sample laid out in full
 
@@ -371,6 +377,12 @@ def apply_state(model: Any, state: dict[str, torch.Tensor], lora: bool) -> None:
         peft.set_peft_model_state_dict(model, state)
     else:
         model.load_state_dict(state, strict=False)
+
+
+def _single_mesh(params: Sequence[torch.Tensor]) -> bool:
+    from etude.train.distributed import single_mesh
+
+    return single_mesh(params)
 
 
 def _filler(samples: Sequence[Sample]) -> Sample:
