@@ -15,11 +15,13 @@ recomputation by the engine's numerics (bf16 on CPU by default, other kernels); 
 truncated importance sampling corrects for that, and `bench/vllm_mismatch.py` measures it.
 
 Weights: `load_weights` replaces the weights of the running engine in place, without a restart:
-it sends the tensors to the engine's worker through `LLM.collective_rpc("reload_weights",
-kwargs={"weights_iterator": ...})` (vLLM's in-place reload: the model's own `load_weights` maps
-Hugging Face names onto vLLM's fused layers), then resets the prefix cache so no KV computed
-with the old weights is reused. A directory is read for its `model.safetensors` (a training
-checkpoint also holds optimizer tensors, which must not reach the model).
+it writes the state dict (cast to the engine's dtype) as one safetensors file in /dev/shm and
+calls `LLM.collective_rpc("etude_load_weights", args=(path,))`, a method that the engine's
+`worker_extension_cls` (etude.policy.vllm_worker) adds to vLLM's worker: vLLM's own in-place
+`reload_weights` (Hugging Face names mapped onto vLLM's fused layers, each layer's post-load
+processing re-run), then the tied LM head re-tied (vllm 0.32's reload leaves it stale). Then
+the prefix cache is reset so no KV computed with the old weights is reused. A directory is
+read for its `model.safetensors` only (a training checkpoint also holds optimizer tensors).
 
 LoRA adapters: with `enable_lora=True`, `add_adapter(name, path)` registers a peft adapter
 directory under a name, and `view(name, adapter=name)` is a policy that samples through the same
@@ -33,7 +35,9 @@ token streaming (a generation comes back whole); MoE route replay (vLLM does not
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -79,6 +83,19 @@ def _on_cpu() -> bool:
         return True
 
 
+def _check_cpu_head_size(cfg: Any, name: str) -> None:
+    """vLLM's CPU attention supports a fixed set of head sizes; a model outside it loads and then
+    kills the engine at its first request, so I refuse it up front. (The "tiny" test model has
+    head size 16: vLLM cannot run it on CPU; tests and benches use SmolLM2 there.)"""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise EtudeError(f"vLLM's CPU attention cannot run {name!r}: head size {head} is not one of "
+                         f"{', '.join(map(str, sizes))} (use --backend hf for it, or a GPU)")
+
+
 class VLLMPolicy:
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
@@ -107,8 +124,12 @@ class VLLMPolicy:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         cfg = AutoConfig.from_pretrained(self.model_dir)
         self._limit = int(max_model_len or getattr(cfg, "max_position_embeddings", 2048))
+        if _on_cpu():
+            _check_cpu_head_size(cfg, str(model))
+        self._tied = bool(getattr(cfg, "tie_word_embeddings", False))
         kw: dict[str, Any] = dict(model=self.model_dir, dtype=dtype, max_model_len=self._limit, seed=seed,
-                                  logprobs_mode="processed_logprobs", generation_config="vllm")
+                                  logprobs_mode="processed_logprobs", generation_config="vllm",
+                                  worker_extension_cls="etude.policy.vllm_worker.EtudeWorkerExtension")
         if _on_cpu():
             kw["enforce_eager"] = True
         if enable_lora:
@@ -215,19 +236,31 @@ class VLLMPolicy:
         safetensors file, or a directory holding `model.safetensors`); bumps `version` (or sets
         it). Returns the new version. `last_load_s` records how long the transfer took."""
         import torch
+        from safetensors.torch import save_file
 
         from .local import _read_state
 
         state = _read_state(weights) if isinstance(weights, (str, Path)) else dict(weights)
         dtype = self.llm.llm_engine.model_config.dtype
-        # Cast to the engine's dtype here: half the bytes to send when it runs in bf16.
-        tensors = [(k, v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous())
-                   for k, v in state.items() if torch.is_tensor(v)]
+        # Cast to the engine's dtype here: half the bytes to write and read when it runs in bf16.
+        tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in state.items() if torch.is_tensor(v)}
+        if self._tied:  # the engine ties lm_head to the embedding; a shared tensor cannot be saved
+            tensors.pop("lm_head.weight", None)
         t0 = time.perf_counter()
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
-            self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
-            self.version = self.version + 1 if version is None else int(version)
+        # NOTE: collective_rpc's msgpack does not rebuild tensors nested in untyped arguments, so
+        # the weights travel as one safetensors file in RAM-backed /dev/shm where there is one;
+        # the worker runs vLLM's in-place reload on it and re-ties a tied LM head
+        # (etude.policy.vllm_worker).
+        with tempfile.TemporaryDirectory(prefix="etude-weights-", dir=_scratch_dir()) as tmp:
+            path = str(Path(tmp) / "model.safetensors")
+            save_file(tensors, path)
+            with self._lock:
+                loaded = self.llm.collective_rpc("etude_load_weights", args=(path,))[0]
+                self.llm.reset_prefix_cache()  # KV computed with the old weights must not be reused
+                self.version = self.version + 1 if version is None else int(version)
+        if loaded != len(tensors):
+            raise EtudeError(f"the vLLM worker read {loaded} of the {len(tensors)} tensors sent to it")
         self.last_load_s = time.perf_counter() - t0
         return self.version
 
@@ -269,6 +302,28 @@ class VLLMPolicy:
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+
+
+def engine_state(model: Any) -> dict[str, Any]:
+    """Full weights with Hugging Face names, for `load_weights`. A peft (LoRA) model is merged
+    for the copy and unmerged again, so the engine samples exactly the trained policy."""
+    import torch
+
+    if not hasattr(model, "merge_adapter"):
+        return {k: v.detach() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.merge_adapter()
+        try:
+            sd = model.get_base_model().state_dict()
+            out = {k.replace(".base_layer.", "."): v.detach().clone() for k, v in sd.items() if "lora_" not in k}
+        finally:
+            model.unmerge_adapter()
+    return out
+
+
+def _scratch_dir() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
 def _chosen(d: Any, token: int) -> float:

@@ -87,6 +87,8 @@ class LocalExecutor:
         if getattr(pol, "model", None) is learner.model:
             pol.version = version  # same model object: nothing to copy
             return
+        from etude.policy.vllm_backend import engine_state
+
         t0 = time.perf_counter()
         pol.load_weights(engine_state(learner.model), version=version)
         self.sync_s = time.perf_counter() - t0
@@ -105,29 +107,12 @@ def rollout_policy(cfg: TrainConfig, learner: Any, version: int) -> Any:
 
     if cfg.rollout_backend == "hf":
         return LocalPolicy(learner.model, learner.tokenizer, id=cfg.model, version=version)
-    from etude.policy.vllm_backend import VLLMPolicy, require_vllm
+    from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
 
     require_vllm("rollout_backend = \"vllm\"")
     pol = VLLMPolicy(cfg.model, id=cfg.model, version=version, dtype=cfg.vllm_dtype, seed=cfg.seed)
     pol.load_weights(engine_state(learner.model), version=version)  # a resumed learner's weights
     return pol
-
-
-def engine_state(model: Any) -> dict[str, Any]:
-    """Full weights with Hugging Face names for an inference engine. A peft (LoRA) model is
-    merged for the copy and unmerged again, so the engine samples exactly the trained policy."""
-    import torch
-
-    if not hasattr(model, "merge_adapter"):
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        model.merge_adapter()
-        try:
-            sd = model.get_base_model().state_dict()
-            out = {k.replace(".base_layer.", "."): v.detach().clone() for k, v in sd.items() if "lora_" not in k}
-        finally:
-            model.unmerge_adapter()
-    return out
 
 
 class _RayWorkerImpl:
