@@ -90,7 +90,7 @@ def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] 
     return best
 
 
-def _window(span: tuple[int, int], bug: int, most: int = 45) -> tuple[int, int]:
+def _window(span: tuple[int, int], bug: int, most: int = 30) -> tuple[int, int]:
     first, last = span
     if last - first < most:
         return first, last

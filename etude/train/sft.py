@@ -89,8 +89,11 @@ class SFTConfig:
     weight_decay: float = 0.0
     batch_sequences: int = 8
     """Sequences per optimizer step."""
-    row_tokens: int = 3072
-    """Packing budget of one forward row (a longer sequence gets a row of its own)."""
+    row_tokens: int = 0
+    """Packing budget of one forward row (a longer sequence gets a row of its own); 0 = one
+    sequence per row. NOTE: on CPU keep 0: a packed row needs a dense block-diagonal mask, which
+    sends attention down PyTorch's math path (O(L²) memory, ~10x slower here), while a lone
+    sequence runs the fused causal kernel. A multi-turn episode is still one sequence."""
     max_sequence_tokens: int = 6144
     """Sequences longer than this are dropped (counted in the data summary)."""
     max_grad_norm: float = 1.0
@@ -449,7 +452,8 @@ class _Trainer:
             g["lr"] = lr
         n_tok = sum(s.loss_tokens for s in batch)
         total = 0.0
-        for row in pack_rows(batch, self.cfg.row_tokens):
+        rows = pack_rows(batch, self.cfg.row_tokens) if self.cfg.row_tokens else [[i] for i in range(len(batch))]
+        for row in rows:
             with self.autocast():
                 loss, n = row_loss(self.model, [batch[i] for i in row])
             if n:

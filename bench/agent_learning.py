@@ -1,0 +1,238 @@
+"""Does the agent learn to code? Base vs SFT vs SFT+RL on the curriculum's held-out test split.
+
+One run, stage by stage (each stage resumes from its folder under --work if interrupted):
+1. curriculum — the built-in level-1 split (train / validation / test from disjoint packages);
+2. base       — `etude eval` of the base model on the held-out test split;
+3. sft        — `etude sft` (configs/agent_sft.toml) on expert trajectories of the train split;
+4. sft eval   — the SFT checkpoint on the same held-out tasks;
+5. rl         — `etude train` (configs/agent_rl.toml): GRPO over whole episodes from the SFT
+                checkpoint, on train-split tasks, validated on the validation split;
+6. rl eval    — the RL checkpoint on the same held-out tasks;
+7. analysis   — resolved rates with Wilson 95% intervals, exact McNemar p for SFT vs base and RL vs
+                SFT on the paired tasks, behaviour (valid calls, parallel calls, turns, tokens),
+                wall time per stage, targets met or missed, and plots.
+
+    python bench/agent_learning.py [--sft-tasks 200] [--rl-steps 6] [--test-max N] [--skip-rl]
+
+Writes bench/results/agent_learning.json and bench/results/agent_learning/*.png. Every number in
+it is measured in the run that wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from etude.evals import EvalConfig, run_eval
+from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.harness import HarnessConfig
+from etude.tasks.curriculum import builtin_curriculum, members
+from etude.train import load_config, train
+from etude.train.checkpoint import latest_checkpoint
+from etude.train.metrics import read_metrics
+from etude.train.sft import load_sft_config, run_sft
+
+TARGETS = {"valid_call_rate_sft": 0.95, "sft_resolved": 0.20, "rl_gain_points": 0.08, "rl_p": 0.05,
+           "tokens_per_resolved_cut": 0.20}
+
+
+def log(msg: str) -> None:
+    print(f"[agent_learning {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def outcomes(run: Path) -> dict[str, int]:
+    out = {}
+    for ln in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(ln)
+        out[r["instance_id"]] = int(bool(r.get("resolved"))) if r.get("status") == "ok" else 0
+    return out
+
+
+def stage_figures(run: Path) -> dict[str, Any]:
+    s = json.loads((run / "summary.json").read_text())
+    res = outcomes(run)
+    k, n = sum(res.values()), len(res)
+    lo, hi = wilson_ci(k, n)
+    return {"resolved": k, "tasks": n, "resolved_rate": k / n if n else None, "ci95": [lo, hi],
+            "resolved_rate_summary": s["correctness"]["resolved_rate"], "behaviour": s.get("behaviour"),
+            "errors": s.get("errors"), "stop_reasons": (s.get("efficiency") or {}).get("stop_reasons"),
+            "reward_mean": (s.get("reward") or {}).get("mean")}
+
+
+def paired(a: Path, b: Path) -> dict[str, Any]:
+    ra, rb = outcomes(a), outcomes(b)
+    ids = sorted(set(ra) & set(rb))
+    x, y = [ra[i] for i in ids], [rb[i] for i in ids]
+    return {"tasks": len(ids), "gain_points": (sum(y) - sum(x)) / max(1, len(ids)),
+            "b_only": sum(1 for p, q in zip(x, y, strict=True) if q and not p),
+            "a_only": sum(1 for p, q in zip(x, y, strict=True) if p and not q),
+            "mcnemar_p": mcnemar_exact(x, y)}
+
+
+def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int) -> float:
+    t0 = time.time()
+    cfg = EvalConfig(workers=workers, harness=hc, report=False, progress=True, bootstrap=500)
+    run_eval(tasks, model, out, cfg)
+    return time.time() - t0
+
+
+def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    names = [s for s in ("base", "sft", "rl") if s in stages]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    rates = [stages[s]["resolved_rate"] * 100 for s in names]
+    err = [[r - stages[s]["ci95"][0] * 100 for s, r in zip(names, rates, strict=True)],
+           [stages[s]["ci95"][1] * 100 - r for s, r in zip(names, rates, strict=True)]]
+    ax.bar(names, rates, yerr=err, capsize=6, color=["#999", "#4a7", "#37b"][: len(names)])
+    ax.set_ylabel("held-out resolved (%)")
+    ax.set_title(f"level-1 held-out tasks (n={stages['base']['tasks']}), Wilson 95%")
+    fig.tight_layout()
+    fig.savefig(out_dir / "resolved.png", dpi=120)
+    files.append(str(out_dir / "resolved.png"))
+    plt.close(fig)
+    sft = [r for r in read_metrics(sft_dir) if r.get("kind") == "train"]
+    if sft:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([r["step"] for r in sft], [r["loss"] for r in sft])
+        ax.set_xlabel("SFT step")
+        ax.set_ylabel("loss (assistant tokens)")
+        fig.tight_layout()
+        fig.savefig(out_dir / "sft_loss.png", dpi=120)
+        files.append(str(out_dir / "sft_loss.png"))
+        plt.close(fig)
+    if rl_dir is not None and (rl_dir / "metrics.jsonl").is_file():
+        recs = read_metrics(rl_dir)
+        tr = [r for r in recs if r.get("kind") == "train"]
+        ev = [r for r in recs if r.get("kind") == "eval"]
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+        axes[0].plot([r["step"] for r in tr], [r["reward"] for r in tr], marker="o")
+        axes[0].set_title("train reward")
+        axes[1].plot([r["step"] for r in ev], [r["eval/resolved"] for r in ev], marker="o")
+        axes[1].set_title("validation resolved")
+        axes[2].plot([r["step"] for r in tr], [r.get("monitor/tokens", 0) for r in tr], marker="o")
+        axes[2].set_title("tokens per episode")
+        for a in axes:
+            a.set_xlabel("RL step")
+        fig.tight_layout()
+        fig.savefig(out_dir / "rl_curves.png", dpi=120)
+        files.append(str(out_dir / "rl_curves.png"))
+        plt.close(fig)
+    return files
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", default="runs/agent_learning")
+    ap.add_argument("--out", default="bench/results/agent_learning.json")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--sft-config", default="configs/agent_sft.toml")
+    ap.add_argument("--rl-config", default="configs/agent_rl.toml")
+    ap.add_argument("--sft-tasks", type=int, default=None, help="train-split tasks for expert trajectories")
+    ap.add_argument("--sft-epochs", type=float, default=None)
+    ap.add_argument("--rl-steps", type=int, default=None)
+    ap.add_argument("--test-max", type=int, default=None)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--skip-rl", action="store_true")
+    args = ap.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    walls: dict[str, float] = {}
+    t0 = time.time()
+
+    log("curriculum: held-out test split")
+    ts = time.time()
+    split = {"test": builtin_curriculum("test", 1)}
+    walls["curriculum_s"] = time.time() - ts
+    test = split["test"][: args.test_max] if args.test_max else split["test"]
+    sft_cfg = load_sft_config(args.sft_config, {"model": args.model, **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
+                                                **({"epochs": args.sft_epochs} if args.sft_epochs else {})})
+    hc = sft_cfg.harness_config()  # every stage is evaluated with the harness SFT trains on
+
+    stages: dict[str, Any] = {}
+    log(f"base eval on {len(test)} held-out tasks")
+    walls["base_eval_s"] = evaluate(test, args.model, work / "eval-base", hc, args.workers)
+    stages["base"] = stage_figures(work / "eval-base")
+
+    log("curriculum: train and validation splits")
+    ts = time.time()
+    split.update({s: builtin_curriculum(s, 1) for s in ("train", "validation")})
+    walls["curriculum_s"] += time.time() - ts
+    log("sft")
+    ts = time.time()
+    sft = run_sft(sft_cfg, work / "sft")
+    walls["sft_s"] = time.time() - ts
+    log("sft eval")
+    walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers)
+    stages["sft"] = stage_figures(work / "eval-sft")
+
+    rl_dir = None
+    if not args.skip_rl:
+        log("rl")
+        over: dict[str, Any] = {"model": sft["final"]}
+        if args.rl_steps:
+            over["steps"] = args.rl_steps
+        rl_cfg = load_config(args.rl_config, over)
+        ts = time.time()
+        rl_dir = work / "rl"
+        res = train(rl_cfg, rl_dir)
+        walls["rl_s"] = time.time() - ts
+        ckpt = latest_checkpoint(rl_dir) or Path(res["checkpoint"])
+        log("rl eval")
+        walls["rl_eval_s"] = evaluate(test, str(ckpt), work / "eval-rl", hc, args.workers)
+        stages["rl"] = stage_figures(work / "eval-rl")
+        stages["rl"]["checkpoint"] = str(ckpt)
+        tr = [r for r in read_metrics(rl_dir) if r.get("kind") == "train"]
+        stages["rl"]["train"] = {"steps": len(tr), "groups_skipped": sum(r.get("groups_skipped", 0) for r in tr),
+                                 "groups": sum(r.get("samples", 0) for r in tr) // max(1, rl_cfg.group_size),
+                                 "reward_by_step": [r["reward"] for r in tr],
+                                 "alarms": sum(1 for r in read_metrics(rl_dir) if r.get("alarm/reward_up_val_down"))}
+
+    comparisons = {"sft_vs_base": paired(work / "eval-base", work / "eval-sft")}
+    if "rl" in stages:
+        comparisons["rl_vs_sft"] = paired(work / "eval-sft", work / "eval-rl")
+        comparisons["rl_vs_base"] = paired(work / "eval-base", work / "eval-rl")
+    b = stages["sft"]["behaviour"] or {}
+    met = {
+        "valid_call_rate_sft>=0.95": (b.get("valid_call_rate") or {}).get("mean") is not None
+        and b["valid_call_rate"]["mean"] >= TARGETS["valid_call_rate_sft"],
+        "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
+    }
+    if "rl" in stages:
+        c = comparisons["rl_vs_sft"]
+        met["rl>=sft+8pts_p<0.05"] = c["gain_points"] >= TARGETS["rl_gain_points"] and c["mcnemar_p"] < TARGETS["rl_p"]
+        tps, tpr = (stages["sft"]["behaviour"] or {}).get("tokens_per_resolved"), (stages["rl"]["behaviour"] or {}).get("tokens_per_resolved")
+        met["tokens_per_resolved_rl<=0.8*sft"] = bool(tps and tpr and tpr <= (1 - TARGETS["tokens_per_resolved_cut"]) * tps)
+    walls["total_s"] = time.time() - t0
+    result = {
+        "bench": "agent_learning", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                               "platform": platform.platform()},
+        "model": args.model,
+        "split": {s: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
+                  for s, v in split.items()},
+        "held_out_tasks": len(test), "split_members": {s: [m.spec for m in members(s)] for s in split},
+        "harness": hc.to_dict(), "sft": {k: sft[k] for k in ("steps", "sequences", "trajectories", "train_tokens",
+                                                             "loss_tokens", "gather_s", "train_s", "final")},
+        "stages": stages, "comparisons": comparisons, "targets": TARGETS, "targets_met": met, "wall_s": walls,
+    }
+    result["plots"] = plots(Path(args.out).with_suffix(""), stages, work / "sft", rl_dir)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    log(f"wrote {args.out}")
+    print(json.dumps({"stages": {k: (v["resolved"], v["tasks"], v["ci95"]) for k, v in stages.items()},
+                      "comparisons": comparisons, "targets_met": met, "wall_s": walls}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
