@@ -26,7 +26,7 @@ class LettersEnv(ArithEnv):
 
 
 def config(steps: int) -> TrainConfig:
-    return TrainConfig(model="tiny", steps=steps, prompts_per_step=3, group_size=3, max_new_tokens=8, lr=1e-2,
+    return TrainConfig(model="tiny", steps=steps, prompts_per_step=3, group_size=3, max_new_tokens=8, lr=1e-3,
                        micro_batch_tokens=64, checkpoint_every=1, eval_problems=1, precision="fp32", device="cpu",
                        env=EnvConfig(name="letters", num_train=16, num_test=2))
 

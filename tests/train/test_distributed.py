@@ -132,17 +132,27 @@ def test_training_on_two_ranks_matches_one_and_checkpoints_cross_over(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     r1, r2 = _train(one), _train(two)
     assert [r["world_size"] for r in r1] == [1, 1] and [r["world_size"] for r in r2] == [2, 2]
-    for a, b in zip(r1, r2, strict=True):
+    # step 1 starts from the same weights: equal up to float rounding (measured rel 1.6e-7); step 2
+    # starts from weights one AdamW step apart by rounding, which Adam's per-coordinate scaling
+    # amplifies towards the scale of lr (see below), so later steps are held to rel 1e-3
+    for a, b, tol in zip(r1, r2, (1e-5, 1e-3), strict=True):
         assert a["reward"] == pytest.approx(b["reward"], abs=1e-9)  # same rollouts
         assert abs(a["grad_norm"]) > 1e-4
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["loss"] == pytest.approx(b["loss"], rel=tol, abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=tol)
     w1 = load_file(str(one / "checkpoints" / "step-000002" / "model.safetensors"))
     w2 = load_file(str(two / "checkpoints" / "step-000002" / "model.safetensors"))
     assert w1.keys() == w2.keys()
-    # AdamW normalises each coordinate, so float-rounding differences in near-zero gradients show
-    # up at the scale of lr (1e-2): the bound is 2% of one step (measured: 2.2e-5)
-    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) < 2e-4
+    # AdamW moves a coordinate by up to lr whatever its gradient's size, so coordinates whose true
+    # gradient is near the fp32 summation noise (~1e-8 here: many tied-embedding rows) move
+    # differently when the sum is taken in another order (2 ranks, then the reduce-scatter).
+    # Compare the two updates as a whole (measured: 1.1% of the update's norm)
+    from etude.policy.models import load_model
+
+    w0 = load_model("tiny")[0].state_dict()
+    diff = sum(float((w1[k] - w2[k]).double().pow(2).sum()) for k in w1) ** 0.5
+    update = sum(float((w1[k] - w0[k]).double().pow(2).sum()) for k in w1) ** 0.5
+    assert update > 0 and diff / update < 0.05, (diff, update)
     assert json.loads((two / "checkpoints" / "step-000002" / "state.json").read_text())["world_size"] == 2
 
     # cross over: one's 1-process checkpoint continues on 2 ranks, two's 2-rank one in 1 process
@@ -153,8 +163,8 @@ def test_training_on_two_ranks_matches_one_and_checkpoints_cross_over(tmp_path):
     assert res["resumed_from"].endswith("step-000002") and res["world_size"] == 1
     a, b = _train(one)[-1], _train(two)[-1]
     assert (a["step"], a["world_size"], b["step"], b["world_size"]) == (3, 2, 3, 1)
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
-    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-3, abs=1e-6)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)  # measured rel 2.8e-4
 
 
 @pytest.mark.slow
