@@ -28,11 +28,14 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 {% for s in stages %}<tr><td class="l">{{ s.name }}</td><td class="l">{{ s.result }}</td><td>{{ "%.1f"|format(s.seconds) }}</td></tr>{% endfor %}
 </table>
 
-<h2>1. Learning curve (sandbox RL)</h2>
-{% if plots.learning %}<img src="{{ plots.learning }}" alt="learning curve">{% endif %}
+<h2>1. Does the agent learn? Held-out tasks, base → SFT → RL</h2>
+{{ heldout_table }}
+{% if plots.heldout %}<img src="{{ plots.heldout }}" alt="held-out resolved rates">{% endif %}
 <p class="note">{{ learning_note }}</p>
+{% if plots.sft %}<img src="{{ plots.sft }}" alt="SFT loss">{% endif %}
+{% if plots.learning %}<img src="{{ plots.learning }}" alt="RL curve">{% endif %}
 
-<h2>2. Evaluation: base model vs trained checkpoint</h2>
+<h2>2. Eval gate: trained checkpoint vs base</h2>
 {{ eval_table }}
 <p class="note">{{ eval_note }}</p>
 
@@ -43,7 +46,10 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 {{ ab_table }}
 <p><b>Decision:</b> {{ decision }}</p>
 
-<h2>4. Example trajectories</h2>
+<h2>4. The same held-out task, base and trained</h2>
+{% if side %}<p>task <code>{{ side.task }}</code> — resolved: {{ side.resolved }}</p>
+<div style="display:flex;gap:1em">{% for name, body in side.columns %}<div style="flex:1;min-width:0"><h3>{{ name }}</h3><pre>{{ body }}</pre></div>{% endfor %}</div>
+{% else %}<p>not run</p>{% endif %}
 {% for t in trajectories %}<h3>{{ t.title }}</h3><pre>{{ t.body }}</pre>{% endfor %}
 </body></html>
 """
@@ -109,6 +115,56 @@ def cycle_plot(stages: dict[str, float], path: Path) -> Path | None:
     return path
 
 
+def heldout_table(held: dict[str, Any] | None) -> str:
+    if not held:
+        return "<p>not run</p>"
+    rows = [[n, held[n]["resolved"], held[n]["tasks"], held[n]["rate"],
+             f"[{_f(held[n]['ci95'][0])}, {_f(held[n]['ci95'][1])}]"] for n in ("base", "sft", "rl") if n in held]
+    pairs = [[k.replace("_vs_", " vs "), v["gain"], v["mcnemar_p"]] for k, v in held.items() if "_vs_" in k]
+    return (_table(["stage", "resolved", "tasks", "rate", "Wilson 95% CI"], rows)
+            + _table(["comparison", "gain (points)", "exact McNemar p"], pairs))
+
+
+def heldout_plot(held: dict[str, Any] | None, path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in ("base", "sft", "rl") if held and n in held]
+    if not names:
+        return None
+    rates = [held[n]["rate"] * 100 for n in names]
+    err = [[r - held[n]["ci95"][0] * 100 for n, r in zip(names, rates, strict=True)],
+           [held[n]["ci95"][1] * 100 - r for n, r in zip(names, rates, strict=True)]]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar(names, rates, yerr=err, capsize=6, color=["#999", "#4a7", "#37b"][: len(names)])
+    ax.set_ylabel("held-out resolved (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def sft_plot(metrics: list[dict[str, Any]], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not metrics:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 3.0))
+    ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics], "o-")
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("loss on assistant tokens")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def eval_table(comparison: dict[str, Any] | None) -> str:
     if not comparison:
         return "<p>not run</p>"
@@ -144,10 +200,15 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     lp = learning_plot(data.get("metrics", []), data.get("evals", []), plots / "learning.png")
     cp = cycle_plot(data.get("cycle", {}), plots / "cycle.png")
+    hp = heldout_plot(data.get("heldout"), plots / "heldout.png")
+    sp = sft_plot(data.get("sft_metrics", []), plots / "sft.png")
     page = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
         intro=data.get("intro", ""),
         stages=[{"name": n, "result": r, "seconds": s} for n, r, s in data.get("stages", [])],
-        plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png"},
+        plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png",
+               "heldout": hp and "plots/heldout.png", "sft": sp and "plots/sft.png"},
+        heldout_table=_markup(heldout_table(data.get("heldout"))),
+        side=data.get("side_by_side"),
         learning_note=data.get("learning_note", ""),
         eval_table=_markup(eval_table(data.get("comparison"))),
         eval_note=data.get("eval_note", ""),

@@ -1,19 +1,22 @@
 """`etude demo`: the whole system on the embedded default, for real, on this machine.
 
-Stages (each timed; every figure printed or plotted is measured in this run):
-1. tasks     — slices of the built-in suite (real PyPI packages, validated tasks; cached);
-2. baseline  — `etude eval` of the base model on a held-out slice, in sandboxes;
-3. train     — a short sandbox-RL run (GRPO with importance correction) from the base model;
-4. eval      — the trained checkpoint on the same slice, and the paired comparison;
-5. cycle     — one real-time cycle with the trained checkpoint as production behind `auto`:
-               the real server on loopback, traffic from scripted users running the real agent
-               client through the HTTP API (they keep or revert edits by the hidden tests and
-               write a dissatisfied follow-up when tests still fail — scripted, not people),
-               distill → train → eval gate → register → canary A/B → readout → decision;
-6. report    — report.html with PNG plots.
+Stages (each timed and cached; a rerun with the same --out resumes; every figure is measured here):
+1. tasks     — level-1 curriculum slices: held-out tasks from the test split's packages, SFT/RL
+               tasks from the train split's, validation from its own (no package in two);
+2. base      — `etude eval` of the base model on the held-out slice, in sandboxes;
+3. sft       — `etude sft`: the warm start on the scripted expert's resolved trajectories;
+4. sft eval  — the SFT checkpoint on the same held-out slice;
+5. rl        — `etude train`: GRPO over whole episodes from the SFT checkpoint (a few steps);
+6. rl eval   — the RL checkpoint on the same held-out slice, and paired comparisons (exact
+               McNemar, Wilson intervals) against the base and the previous stage;
+7. cycle     — one real-time cycle with the trained checkpoint as production behind `auto`:
+               the real server on loopback, simulated users running the real agent client through
+               the HTTP API, distill → train → eval gate → register → canary A/B → readout → decision;
+8. report    — report.html with PNG plots and the same task's trajectory from the base and the
+               trained model side by side; demo.json with the checkpoints and each stage's figures.
 
-`--quick` uses the tiny random model (the machinery, not the model, is what it shows); the
-default uses SmolLM2-135M-Instruct on CPU.
+`--quick` uses the tiny random model and the smallest slices (the machinery, not the model, is
+what it shows); the default uses SmolLM2-135M-Instruct on CPU.
 """
 
 from __future__ import annotations
@@ -34,28 +37,27 @@ class DemoConfig:
     """base model: "smollm2" (default), "tiny" (random; --quick) or a model directory."""
     out: str = "runs/demo"
     """everything this run writes: evals, checkpoints, the loop's database, the report."""
-    eval_tasks: int = 2
-    """held-out repository tasks for the baseline and trained evaluations."""
-    eval_steps: int = 3
-    """harness turns per evaluation episode (each turn re-reads a ~1.5k-token prompt on CPU)."""
-    eval_max_tokens: int = 96
-    train_env: str = "pyfunc"
-    """sandbox-RL family: "pyfunc" (write a function; hidden tests run in bwrap) or "tasks"
-    (multi-turn repository tasks through the harness)."""
-    train_steps: int = 4
-    prompts_per_step: int = 4
+    eval_tasks: int = 30
+    """held-out level-1 tasks (test-split packages) for the base, SFT and RL evaluations."""
+    sft_tasks: int = 40
+    """train-split tasks whose expert trajectories the warm start learns from."""
+    sft_epochs: float = 2.0
+    agent_config: str = "configs/agent_sft.toml"
+    """the agent's harness and the SFT hyperparameters (model and tasks are set by the demo)."""
+    rl_config: str = "configs/agent_rl.toml"
+    rl_steps: int = 2
+    prompts_per_step: int = 2
     group_size: int = 4
-    train_max_tokens: int = 80
-    lr: float = 1e-5
+    validation_tasks: int = 6
     loop_config: str = "configs/loop_demo.toml"
     """the real-time cycle's config; model and root are set by the demo."""
-    workers: int = 2
+    workers: int = 8
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-QUICK = DemoConfig(model="tiny", eval_tasks=2, eval_steps=2, eval_max_tokens=32, train_steps=3, prompts_per_step=2,
-                   group_size=2, train_max_tokens=24, lr=1e-3, loop_config="configs/loop_tiny.toml")
+QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, rl_steps=1, prompts_per_step=1,
+                   group_size=2, validation_tasks=1, loop_config="configs/loop_tiny.toml", workers=2)
 
 
 def _jsonable(x: Any) -> Any:
@@ -113,53 +115,92 @@ class Demo:
 
     # -- stages
     def tasks(self) -> tuple[Any, str]:
-        from etude.tasks import builtin_suite, save_tasks
+        from etude.tasks import save_tasks
+        from etude.tasks.curriculum import builtin_curriculum
 
-        ev = builtin_suite("eval", max_tasks=self.cfg.eval_tasks)
+        c = self.cfg
+        ev = builtin_curriculum("test", 1, c.seed, c.eval_tasks)
+        tr = builtin_curriculum("train", 1, c.seed, c.sft_tasks)
+        va = builtin_curriculum("validation", 1, c.seed, c.validation_tasks)
         save_tasks(ev, self.out / "eval_slice.jsonl")
-        pkgs = sorted({t.source.get("package", t.repo) for t in ev})
-        return [t.instance_id for t in ev], f"{len(ev)} held-out tasks from {', '.join(pkgs)}"
+        save_tasks(tr, self.out / "train_slice.jsonl")
+        save_tasks(va, self.out / "validation_slice.jsonl")
+        pk = {n: sorted({t.source.get("package", t.repo) for t in ts}) for n, ts in (("test", ev), ("train", tr))}
+        return ({"test": [t.instance_id for t in ev], "train": [t.instance_id for t in tr]},
+                f"{len(ev)} held-out tasks from {', '.join(pk['test'])}; {len(tr)} training tasks from "
+                f"{len(pk['train'])} other packages")
+
+    def _harness(self) -> Any:
+        from etude.train.sft import load_sft_config
+
+        return load_sft_config(self.cfg.agent_config).harness_config()
 
     def evaluate(self, model: str, name: str) -> tuple[Any, str]:
         from etude.evals import EvalConfig, run_eval
-        from etude.harness import HarnessConfig
 
-        h = HarnessConfig(max_steps=self.cfg.eval_steps, max_tokens_per_turn=self.cfg.eval_max_tokens, temperature=0.0)
-        cfg = EvalConfig(workers=self.cfg.workers, max_steps=self.cfg.eval_steps, harness=h)
+        h = replace(self._harness(), temperature=0.0)
+        cfg = EvalConfig(workers=self.cfg.workers, harness=h, bootstrap=500)
         s = run_eval(self.out / "eval_slice.jsonl", model, self.out / name, cfg)
         r = s["correctness"]["resolved_rate"]
+        vc = (s.get("behaviour") or {}).get("valid_call_rate") or {}
+        valid = f", valid calls {vc['mean']:.0%}" if vc.get("mean") is not None else ""
         return s, (f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks "
-                   f"[95% CI {r['ci_low']:.0%}–{r['ci_high']:.0%}] ({model})")
+                   f"[95% CI {r['ci_low']:.0%}–{r['ci_high']:.0%}]{valid} ({Path(model).name})")
 
-    def train(self) -> tuple[Any, str]:
-        from etude.train import EnvConfig, TrainConfig, train
+    def sft(self) -> tuple[Any, str]:
+        from etude.train.sft import load_sft_config, run_sft
 
         c = self.cfg
-        tcfg = TrainConfig(model=c.model, steps=c.train_steps, prompts_per_step=c.prompts_per_step,
-                           group_size=c.group_size, max_new_tokens=c.train_max_tokens, lr=c.lr, seed=c.seed,
-                           checkpoint_every=max(1, c.train_steps), eval_every=max(1, c.train_steps // 2),
-                           eval_problems=4, env=EnvConfig(name=c.train_env))
-        res = train(tcfg, self.out / "train", progress=True)
-        last = res.get("last") or {}
-        return res, (f"{res['steps']} steps on '{c.train_env}', last reward {last.get('reward', float('nan')):.3f}, "
-                     f"checkpoint {Path(res['checkpoint']).name if res.get('checkpoint') else '-'}")
+        cfg = load_sft_config(c.agent_config, {"model": c.model, "tasks": str(self.out / "train_slice.jsonl"),
+                                               "epochs": c.sft_epochs, "seed": c.seed})
+        res = run_sft(cfg, self.out / "sft")
+        return res, (f"{res['steps']} steps on {res['trajectories'].get('expert', 0)} expert trajectories "
+                     f"({res['train_tokens']} tokens), final loss {res['last'].get('loss', float('nan')):.3f}")
 
-    @staticmethod
-    def _eval_point(r: dict[str, Any]) -> dict[str, Any]:
-        k, n = int(r.get("eval/successes", 0)), int(r.get("eval/n", 0))
-        lo, hi = _wilson(k, n)
-        return {"step": r["step"], "success": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
+    def rl(self, start: str) -> tuple[Any, str]:
+        from etude.train import load_config, train
+        from etude.train.checkpoint import latest_checkpoint
+
+        c = self.cfg
+        cfg = load_config(c.rl_config, {
+            "model": start, "steps": c.rl_steps, "prompts_per_step": c.prompts_per_step, "group_size": c.group_size,
+            "eval_every": 0, "eval_problems": c.validation_tasks, "checkpoint_every": c.rl_steps, "seed": c.seed,
+            "env.tasks_file": str(self.out / "train_slice.jsonl"),
+            "env.eval_tasks_file": str(self.out / "validation_slice.jsonl"),
+            "env.num_test": c.validation_tasks, "env.workers": c.workers})
+        res = train(cfg, self.out / "rl", progress=True)
+        ckpt = latest_checkpoint(self.out / "rl")
+        res["checkpoint"] = str(ckpt) if ckpt else res.get("checkpoint")
+        last = res.get("last") or {}
+        return res, (f"{res['steps']} GRPO steps over whole episodes, last reward {last.get('reward', float('nan')):.3f}, "
+                     f"{last.get('groups_skipped', 0)} flat group(s) skipped in the last step")
 
     def compare(self) -> tuple[Any, str]:
         from etude.evals import CompareConfig, compare
+        from etude.evals.stats import mcnemar_exact, wilson_ci
 
-        # NOTE: a slice this small cannot exclude harm, so the gate is run at its size and says
-        # "inconclusive" (never "passed") unless the evidence is there.
-        v = compare(self.out / "eval-base", self.out / "eval-trained", CompareConfig(min_tasks=min(30, self.cfg.eval_tasks)))
-        gate = v.get("gate") or ("passed" if v.get("gate_passed") else "failed")
-        if gate == "failed":
-            return v, f"gate failed ({', '.join(v.get('regressions', [])) or 'see report'})"
-        return v, f"gate {gate}"
+        runs = {n: self.out / f"eval-{n}" for n in ("base", "sft", "rl") if (self.out / f"eval-{n}" / "results.jsonl").is_file()}
+        res = {n: _outcomes(p) for n, p in runs.items()}
+        ids = sorted(set.intersection(*(set(r) for r in res.values())))
+        table: dict[str, Any] = {}
+        for n, r in res.items():
+            k = sum(r[i] for i in ids)
+            lo, hi = wilson_ci(k, len(ids))
+            table[n] = {"resolved": k, "tasks": len(ids), "rate": k / max(1, len(ids)), "ci95": [lo, hi]}
+        pairs = [("sft", "base"), ("rl", "sft"), ("rl", "base")]
+        for b, a in pairs:
+            if a in res and b in res:
+                x, y = [res[a][i] for i in ids], [res[b][i] for i in ids]
+                table[f"{b}_vs_{a}"] = {"gain": (sum(y) - sum(x)) / max(1, len(ids)), "mcnemar_p": mcnemar_exact(x, y)}
+        # NOTE: the eval gate runs at the slice's size: below 30 tasks it cannot pass (inconclusive at best).
+        final = "rl" if "rl" in runs else "sft"
+        gate = compare(runs["base"], runs[final], CompareConfig(min_tasks=min(30, len(ids))))
+        table["gate"] = {"verdict": gate.get("gate"), "versus": f"{final} vs base"}
+        self.data["heldout"] = table
+        parts = [f"{n} {table[n]['rate']:.0%} [{table[n]['ci95'][0]:.0%}–{table[n]['ci95'][1]:.0%}]" for n in res]
+        gains = [f"{k.replace('_vs_', ' vs ')} {v['gain']:+.0%} (p={v['mcnemar_p']:.3g})" for k, v in table.items()
+                 if "_vs_" in k]
+        return {"heldout": table, "gate": gate}, "; ".join(parts + gains) + f"; gate {gate.get('gate')}"
 
     def cycle(self, production: str) -> tuple[Any, str]:
         from etude.loop import LoopConfig, run_cycle
@@ -169,50 +210,84 @@ class Demo:
         rep = run_cycle(lc, cycle_dir=self.out / "loop" / "cycle-0001").to_dict()
         return rep, f"decision: {rep.get('decision')} ({rep.get('reason')})"
 
-    def report(self) -> tuple[Any, str]:
+    def report(self, checkpoints: dict[str, str]) -> tuple[Any, str]:
         from etude.demo.report import write_report
         from etude.train.metrics import read_metrics
 
-        recs = read_metrics(self.out / "train")
+        recs = read_metrics(self.out / "rl") if (self.out / "rl").exists() else []
+        sft_recs = read_metrics(self.out / "sft") if (self.out / "sft").exists() else []
         self.data["metrics"] = [r for r in recs if r.get("kind") != "eval"]
         self.data["evals"] = [self._eval_point(r) for r in recs if r.get("kind") == "eval"]
         rep = self.data.get("cycle_report") or {}
         stages = rep.get("stages", {})
+        held = self.data.get("heldout") or {}
         d = {
-            "intro": ("Every figure here was measured in this run on this machine. The users in the real-time cycle "
-                      "are scripted clients (they keep or revert edits according to the hidden tests and write a "
-                      "dissatisfied follow-up when the tests still fail); the code path they drive is the production one."),
+            "intro": ("Every figure here was measured in this run on this machine. Held-out tasks come from packages "
+                      "that no training stage saw. The users in the real-time cycle are simulated (their behaviour "
+                      "depends on whether the agent's change is right, through noise); the code path they drive is "
+                      "the production one."),
             "stages": self.stages,
             "metrics": self.data.get("metrics", []),
+            "sft_metrics": [r for r in sft_recs if r.get("kind") == "train"],
             "evals": self.data.get("evals", []),
-            "learning_note": (f"Sandbox RL on the '{self.cfg.train_env}' family with base model '{self.cfg.model}'. "
-                              "Held-out success uses greedy decoding; intervals are Wilson 95%."),
-            "comparison": self.data.get("comparison"),
-            "eval_note": "Paired over the same held-out tasks; intervals are bootstrap 95%.",
+            "heldout": held,
+            "learning_note": (f"Base {self.cfg.model} → SFT on expert trajectories → GRPO over whole episodes. "
+                              "Held-out resolved rates with Wilson 95% intervals; p values are exact McNemar on "
+                              "the paired tasks."),
+            "comparison": (self.data.get("comparison") or {}).get("gate"),
+            "eval_note": "The eval gate, paired over the same held-out tasks (trained vs base).",
             "cycle": {n: s.get("wall_s") or 0.0 for n, s in stages.items()},
             "cycle_rows": [[n, s.get("status"), s.get("wall_s") or 0.0] for n, s in stages.items()],
             "readout": rep.get("ab"),
             "decision": f"{rep.get('decision')} — {rep.get('reason')}" if rep else "–",
-            "trajectories": self._examples(),
+            "side_by_side": self._side_by_side(),
         }
         path = write_report(self.out, d)
-        (self.out / "demo.json").write_text(json.dumps({"stages": self.stages, "cycle": rep,
-                                                        "comparison": self.data.get("comparison")}, indent=1, default=str))
+        (self.out / "demo.json").write_text(json.dumps({
+            "checkpoints": checkpoints, "heldout": held, "stages": self.stages, "cycle": rep,
+            "comparison": (self.data.get("comparison") or {}).get("gate")}, indent=1, default=str))
         return str(path), str(path)
 
-    def _examples(self, k: int = 2) -> list[tuple[str, str]]:
-        out = []
-        for run in ("eval-trained", "eval-base"):
-            for p in sorted((self.out / run).glob("trajectories/*.jsonl"))[:k]:
-                try:
-                    t = json.loads(p.read_text().splitlines()[0])
-                except (IndexError, json.JSONDecodeError):
-                    continue
-                lines = [f"[{m['role']}] {m.get('content', '')[:600]}" for m in t.get("messages", [])[1:8]]
-                out.append((f"{run}: {t.get('task_id')} (stop: {t.get('stop_reason')})", "\n".join(lines)))
-            if out:
-                break
-        return out
+    def _side_by_side(self) -> dict[str, Any] | None:
+        """One held-out task: the base model's and the trained model's trajectories (a task the
+        trained model resolved, if any)."""
+        final = next((n for n in ("rl", "sft") if (self.out / f"eval-{n}" / "results.jsonl").is_file()), None)
+        if final is None or not (self.out / "eval-base" / "results.jsonl").is_file():
+            return None
+        trained, base = _outcomes(self.out / f"eval-{final}"), _outcomes(self.out / "eval-base")
+        ids = sorted(set(trained) & set(base), key=lambda i: (-trained[i], i))
+        if not ids:
+            return None
+        tid = ids[0]
+        return {"task": tid, "resolved": {"base": base[tid], final: trained[tid]},
+                "columns": [("base", _transcript(self.out / "eval-base", tid)),
+                            (final, _transcript(self.out / f"eval-{final}", tid))]}
+
+    @staticmethod
+    def _eval_point(r: dict[str, Any]) -> dict[str, Any]:
+        k, n = int(r.get("eval/successes", 0)), int(r.get("eval/n", 0))
+        lo, hi = _wilson(k, n)
+        return {"step": r["step"], "success": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
+
+
+def _outcomes(run: Path) -> dict[str, int]:
+    out = {}
+    for ln in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(ln)
+        out[r["instance_id"]] = int(bool(r.get("resolved"))) if r.get("status") == "ok" else 0
+    return out
+
+
+def _transcript(run: Path, task_id: str, limit: int = 900) -> str:
+    for ln in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(ln)
+        if r["instance_id"] == task_id and r.get("trajectory"):
+            lines = (run / r["trajectory"]).read_text().splitlines()
+            if not lines:
+                return "(empty trajectory)"
+            t = json.loads(lines[-1])
+            return "\n".join(f"[{m['role']}] {m.get('content', '')[:limit]}" for m in t.get("messages", [])[1:12])
+    return "(not found)"
 
 
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
@@ -220,13 +295,17 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     t0 = time.monotonic()
     demo.con.print(f"[bold]etude demo[/bold] — base model {cfg.model}, output in {demo.out}")
     demo.stage("1. tasks", demo.tasks)
-    demo.stage("2. baseline evaluation", lambda: demo.evaluate(cfg.model, "eval-base"))
-    res = demo.stage("3. sandbox RL", demo.train)
-    ckpt = res.get("checkpoint") or cfg.model
-    demo.stage("4. trained evaluation", lambda: demo.evaluate(ckpt, "eval-trained"))
-    demo.data["comparison"] = demo.stage("   comparison", demo.compare)
-    demo.data["cycle_report"] = demo.stage("5. real-time cycle", lambda: demo.cycle(ckpt))
-    path = demo.stage("6. report", demo.report, resumable=False)
+    demo.stage("2. base evaluation", lambda: demo.evaluate(cfg.model, "eval-base"))
+    sft = demo.stage("3. SFT warm start", demo.sft)
+    demo.stage("4. SFT evaluation", lambda: demo.evaluate(sft["final"], "eval-sft"))
+    rl = demo.stage("5. multi-turn RL", lambda: demo.rl(sft["final"]))
+    ckpt = rl.get("checkpoint") or sft["final"]
+    demo.stage("6. RL evaluation", lambda: demo.evaluate(ckpt, "eval-rl"))
+    demo.data["comparison"] = demo.stage("   held-out comparison", demo.compare)
+    demo.data["heldout"] = (demo.data["comparison"] or {}).get("heldout")
+    demo.data["cycle_report"] = demo.stage("7. real-time cycle", lambda: demo.cycle(ckpt))
+    checkpoints = {"base": cfg.model, "sft": sft["final"], "rl": ckpt}
+    path = demo.stage("8. report", lambda: demo.report(checkpoints), resumable=False)
     demo.con.rule()
     demo.con.print(f"done in {time.monotonic() - t0:.0f} s — report: [bold]{path}[/bold]")
     return path

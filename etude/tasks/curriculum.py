@@ -237,7 +237,16 @@ def builtin_curriculum(split: str, level: int = 1, seed: int = 0, max_tasks: int
                        progress: Progress | None = None) -> list[Task]:
     """The built-in split's tasks (built on first use, then cached). `max_tasks` takes the first
     tasks of every package in turn, so a small slice still spans all the split's packages."""
-    per_pkg = [package_curriculum(m.spec, level, m.n, seed, m.sha256, progress) for m in members(split)]
+    ms = members(split)
+    if max_tasks is not None and max_tasks < len(ms):
+        ms = ms[:max_tasks]  # a slice smaller than the number of packages: one task from each of the first
+    # A slice smaller than the split builds only its share of each package (cached apart), unless
+    # the full build is there already: a demo needs minutes, not the whole split.
+    share = math.ceil(max_tasks / len(ms)) if max_tasks else None
+    per_pkg = [package_curriculum(m.spec, level, m.n, seed, m.sha256, progress)
+               if share is None or share >= m.n or _cache_file(m.spec, level, seed, m.n).is_file()
+               else package_curriculum(m.spec, level, share, seed, m.sha256, progress)
+               for m in ms]
     out: list[Task] = []
     i = 0
     while any(i < len(p) for p in per_pkg) and (max_tasks is None or len(out) < max_tasks):

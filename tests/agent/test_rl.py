@@ -1,0 +1,70 @@
+"""Multi-turn agentic RL pieces: flat GRPO groups are skipped and counted, tasks are drawn by
+success so far, the reward-up/validation-down alarm, and one real step on repository tasks."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from etude.envs.tasks_env import TasksEnv
+from etude.train.config import TrainConfig
+from etude.train.loop import flat_groups, reward_up_val_down
+from etude.types import Episode, Message, Problem
+
+
+def _ep(r):
+    return Episode("p", "tasks", r, {}, r > 0, [], 0)
+
+
+def test_flat_groups_are_the_all_equal_ones():
+    cfg = TrainConfig(group_size=2)
+    eps = [_ep(0.0), _ep(0.0), _ep(1.0), _ep(0.0), _ep(-0.5), _ep(-0.5)]
+    assert flat_groups(cfg, eps) == {0, 2}
+    assert flat_groups(TrainConfig(group_size=2, advantage="baseline"), eps) == set()
+
+
+def test_alarm_fires_only_when_reward_rises_and_validation_falls():
+    recs = [{"kind": "train", "step": 1, "reward": 0.1}, {"kind": "eval", "step": 1, "eval/resolved": 0.5},
+            {"kind": "train", "step": 2, "reward": 0.4}]
+    assert reward_up_val_down(recs, {"kind": "eval", "step": 2, "eval/resolved": 0.3})
+    assert not reward_up_val_down(recs, {"kind": "eval", "step": 2, "eval/resolved": 0.6})
+    recs[2]["reward"] = 0.0
+    assert not reward_up_val_down(recs, {"kind": "eval", "step": 2, "eval/resolved": 0.3})
+
+
+def test_choose_prefers_tasks_solved_half_the_time():
+    env = TasksEnv(tasks_file="x.jsonl")
+    probs = [Problem(f"t{i}", "tasks", (Message("user", "x"),)) for i in range(3)]
+    env._stats = {"t0": [10, 10], "t1": [5, 10], "t2": [0, 10]}  # always, half, never
+    picks = [env.choose(probs, 1, random.Random(s))[0] for s in range(300)]
+    assert picks.count(1) > picks.count(0) and picks.count(1) > picks.count(2)
+    two = env.choose(probs, 2, random.Random(0))
+    assert len(set(two)) == 2
+
+
+@pytest.mark.slow
+def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
+    """`etude train` with the tasks env on real repository tasks: episodes run through the harness
+    and sandbox (2 at once), get graded and scored, and the step records the hack monitors and how
+    many groups were skipped for having no signal."""
+    from etude.tasks import save_tasks
+
+    f = tmp_path / "tasks.jsonl"
+    save_tasks(isodate_tasks[:3], f)
+    cfg = tmp_path / "rl.toml"
+    cfg.write_text(f'model = "tiny"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\nmax_new_tokens = 16\n'
+                   f'eval_every = 0\neval_problems = 1\ncheckpoint_every = 1\nprecision = "fp32"\n'
+                   f'[env]\nname = "tasks"\ntasks_file = "{f}"\nnum_test = 1\nmax_steps = 2\nworkers = 2\n'
+                   f'[env.harness]\nmax_observation_chars = 500\n')
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "etude.cli", "train", "--config", str(cfg), "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in recs if x["kind"] == "train"]
+    assert len(train) == 1 and train[0]["samples"] == 2
+    assert "groups_skipped" in train[0] and "monitor/broken_calls" in train[0] and "monitor/turns" in train[0]
+    evals = [x for x in recs if x["kind"] == "eval"]
+    assert evals and "alarm/reward_up_val_down" in evals[-1]
