@@ -132,10 +132,11 @@ def _local(spec: str, backend: str = "hf") -> Policy:
     # twice fp32's speed, and greedy decisions of a 135M model barely move.
     import torch
 
+    kw: dict[str, Any] = {"dtype": torch.bfloat16, "device": "cuda" if torch.cuda.is_available() else None}
     if spec in ("smollm2", "tiny"):
-        return make_policy(spec, dtype=torch.bfloat16)
+        return make_policy(spec, **kw)
     if "/" in spec or Path(spec).exists():
         if not Path(spec).is_dir():
             raise EtudeError(f"model directory not found: {spec}")
-        return make_policy("local", model=spec, dtype=torch.bfloat16)
-    return make_policy("local", model=spec, dtype=torch.bfloat16)
+        return make_policy("local", model=spec, **kw)
+    return make_policy("local", model=spec, **kw)

@@ -425,6 +425,8 @@ class _Trainer:
         except Exception as e:  # noqa: BLE001 - a path that is not a model is the operator's error
             raise EtudeError(f"cannot load model {cfg.model!r}: {type(e).__name__}: {e}") from None
         self.model.float()
+        if torch.cuda.is_available():  # a GPU when there is one (the learner's weights stay fp32)
+            self.model.to("cuda")
         if cfg.lora.enabled:
             import peft
 
