@@ -21,6 +21,8 @@ def loop(
     cycles: Annotated[int, typer.Option("--cycles", help="cycles to run one after another")] = 1,
     cycle_dir: Annotated[Path | None, typer.Option("--cycle-dir", help="run/resume this cycle directory")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress output")] = False,
+    org: Annotated[str | None, typer.Option("--org", help="specialise for this organisation: a LoRA adapter from its "
+                                            "interactions only, gated on its held-out tasks, canaried to its users")] = None,
 ) -> None:
     """Run one real-time RL cycle (resuming an unfinished one) and print its report as JSON."""
     if cycles < 1:
@@ -28,6 +30,8 @@ def loop(
     if cycle_dir is not None and cycles != 1:
         raise EtudeError("--cycle-dir runs exactly one cycle; drop --cycles")
     cfg = LoopConfig.from_toml(config)
+    if org is not None:
+        cfg = cfg.for_org(org)
     for _ in range(cycles):
         report = run_cycle(cfg, cycle_dir=cycle_dir, progress=not quiet)
         print(json.dumps(report.to_dict(), indent=1, default=str))

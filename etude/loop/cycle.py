@@ -3,8 +3,10 @@ readout → decide (promote or roll back). Read `run_cycle`, then one function p
 
 - collect:  traffic to production only (no experiment), window [since, until) of the org.
 - distill:  etude.loop.distill of that window → `samples.jsonl` (token ids, behaviour
-            log-probs, rewards); too few samples ends the cycle with decision "skip".
-- train:    etude.loop.training from the production checkpoint's weights → a model directory.
+            log-probs, rewards) and `episodes.jsonl` (the same as the learner's episodes); too
+            few samples ends the cycle with decision "skip".
+- train:    etude.train.loop on those episodes (etude.loop.training) from the production
+            checkpoint's weights → a model directory.
 - eval:     etude.evals.run_eval of production and candidate on the held-out suite, then
             etude.evals.compare (production = A, candidate = B) → gate passed / failed /
             inconclusive (a suite below eval.min_tasks is refused: the stage fails with that error).
@@ -43,9 +45,15 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.evals.runner import resolve_suite
 from etude.loop.config import LoopConfig
 from etude.loop.decision import gate_status, gated, inconclusive_reason
+from etude.loop.population import make_population, repo_of
 from etude.loop.state import STAGES, CycleState
+from etude.loop.training import episodes_jsonl, export_merged, is_adapter, train_candidate
+from etude.serve import registry
+from etude.store import open_store
+from etude.tasks import save_tasks
 
 
 @dataclass
@@ -117,6 +125,8 @@ def next_cycle_dir(root: Path) -> Path:
 def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffic: TrafficHook | None = None,
               progress: bool = True) -> CycleReport:
     """Run (or resume) one cycle; returns its report (also in `cycle_dir/report.json`)."""
+    if config.specialise:
+        check_org(config)  # before anything is written: a bad --org leaves no trace
     root = Path(config.root)
     root.mkdir(parents=True, exist_ok=True)
     cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
@@ -128,6 +138,19 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     report = CycleReport(index, str(cdir), run.state.data, wall_s=round(time.monotonic() - t0, 3))
     _write_json(cdir / "report.json", report.to_dict())
     return report
+
+
+def check_org(cfg: LoopConfig) -> None:
+    """`--org ORG` needs an organisation with an API key of its own (not one the loop made for
+    itself) and a shared production checkpoint to specialise; EtudeError (one line) otherwise."""
+    store = open_store(cfg.db_url())
+    keys = [k for k in store.list_keys(cfg.org) if k["revoked_at"] is None and not str(k["name"]).startswith("loop-")]
+    if not keys:
+        raise EtudeError(f"organisation {cfg.org!r} has no API key: create one with `etude keys create --org "
+                         f"{cfg.org}` (nothing was trained, the registry and the router are unchanged)")
+    if registry.production(store, None) is None:
+        raise EtudeError(f"no shared production checkpoint to specialise for {cfg.org!r}: serve or register one first "
+                         f"(nothing was trained, the registry and the router are unchanged)")
 
 
 class _Cycle:
@@ -218,6 +241,9 @@ class _Cycle:
         sessions = self._traffic("collect", 0)
         until = time.time()
         n = len(self.store.interactions(org=self.cfg.org, since=since, until=until))
+        if n == 0 and self.cfg.specialise:  # not finished: a rerun collects again (same since)
+            raise EtudeError(f"organisation {self.cfg.org!r} has no interactions in the collection window: nothing to "
+                             f"train its adapter on (nothing was trained, the registry and the router are unchanged)")
         self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions))
 
     def stage_distill(self) -> None:
@@ -229,25 +255,53 @@ class _Cycle:
         res = distill(self.store, self.cfg.org, (c["since"], c["until"]), dc)
         path = self.dir / "samples.jsonl"
         _write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in res))
+        _write_text(self.dir / "episodes.jsonl", episodes_jsonl(res))  # what the trainer replays
         self.state.finish("distill", summary=res.summary(), path=str(path))
         if len(res) < self.cfg.train.min_samples:
             self._skip_rest("distill", f"{len(res)} samples < train.min_samples {self.cfg.train.min_samples}", "skip")
 
     def stage_train(self) -> None:
-        from etude.loop.training import train_candidate
-
-        summ = train_candidate(self.dir / "samples.jsonl", self.prod["path"], self.dir / "train", self.cfg.train,
-                               temperature=self.cfg.traffic.temperature, seed=self.cfg.seed + self.index)
+        summ = train_candidate(self.dir / "episodes.jsonl", self._base(), self.dir / "train", self.cfg.train,
+                               temperature=self.cfg.traffic.temperature, seed=self.cfg.seed + self.index,
+                               lora=self.cfg.specialise)
         self.state.finish("train", **summ)
+
+    def _base(self) -> str:
+        """What the candidate is trained from: production's weights; for an org's adapter
+        (`specialise`), the shared production checkpoint, recorded in state.json so a resumed
+        cycle keeps the same base."""
+        if not self.cfg.specialise:
+            return self.prod["path"]
+        if "base" not in self.state.data:
+            shared = registry.production(self.store, None)
+            if shared is None:
+                raise EtudeError("no shared production checkpoint to train the organisation's adapter on")
+            self.state.data["base"] = {"name": shared.name, "path": shared.path}
+            self.state.save()
+        return self.state.data["base"]["path"]
+
+    def _model_dir(self, path: str, name: str) -> str:
+        """A model directory the eval harness loads: an adapter is merged into its base first
+        (under `<root>/merged/<name>`, kept for later cycles)."""
+        if not is_adapter(path):
+            return path
+        cp = registry.get_checkpoint(self.store, name) if name == self.prod["name"] else None
+        base = (cp.meta.get("base") if cp else None) or self._base()
+        return str(export_merged(path, base, Path(self.cfg.root) / "merged" / name))
 
     def stage_eval(self) -> None:
         from etude.evals import CompareConfig, compare, run_eval
 
         ecfg = self._eval_config()
-        prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(self.cfg)}"
+        suite = self.cfg.eval.suite
+        if self.cfg.specialise:  # the org's own held-out tasks, from its repositories
+            suite = str(Path(self.cfg.root) / "heldout.jsonl")
+            save_tasks(org_tasks(self.cfg)[1], suite)
+        prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(self.cfg, suite)}"
         cand_dir = self.dir / "eval-candidate"
-        a = run_eval(self.cfg.eval.suite, self.prod["path"], prod_dir, ecfg)
-        b = run_eval(self.cfg.eval.suite, self.state.stage("train")["outputs"]["checkpoint"], cand_dir, ecfg)
+        a = run_eval(suite, self._model_dir(self.prod["path"], self.prod["name"]), prod_dir, ecfg)
+        cand = self.state.stage("train")["outputs"]["checkpoint"]
+        b = run_eval(suite, self._model_dir(cand, f"{self.cfg.name}-c{self.index:04d}"), cand_dir, ecfg)
         cc = CompareConfig(rule=self.cfg.eval.rule, min_tasks=self.cfg.eval.min_tasks,
                            **({"margins": dict(self.cfg.eval.margins)} if self.cfg.eval.margins is not None else {}))
         verdict = compare(prod_dir, cand_dir, cc)
@@ -261,6 +315,7 @@ class _Cycle:
                              for m in ("resolved", "adherence", "reward", "broken_calls")},
                  "production_resolved": a["correctness"]["resolved_rate"]["mean"],
                  "candidate_resolved": b["correctness"]["resolved_rate"]["mean"], "production_dir": str(prod_dir),
+                 "suite": suite,
                  "candidate_dir": str(cand_dir)}
         self.state.finish("eval", verdict=short)
 
@@ -282,8 +337,12 @@ class _Cycle:
         try:
             cp = registry.get_checkpoint(self.store, name)  # registered before a crash: keep it
         except NotFound:
+            meta = {"cycle": self.index, "loop": self.cfg.name}
+            if self.cfg.specialise:
+                meta["base"] = self._base()
             cp = registry.register_checkpoint(self.store, name, path, version=int(self.prod["version"]) + 1,
-                                              parent=self.prod["name"], meta={"cycle": self.index, "loop": self.cfg.name})
+                                              parent=self.prod["name"], meta=meta,
+                                              org=self.cfg.org if self.cfg.specialise else None)
         self.state.finish("register", checkpoint={"name": cp.name, "path": cp.path, "version": cp.version})
         gate = self.state.stage("eval")["outputs"]["verdict"]
         if not self.cfg.eval.required:
@@ -382,14 +441,17 @@ def _stop_experiment(store: Any, exp_id: str | None) -> None:
 def _builtin_traffic(ctx: TrafficContext) -> Any:
     t = ctx.config.traffic
     if t.kind == "scripted":
-        from etude.loop.users import run_scripted_users
+        from etude.loop.users import run_population
 
-        tasks = _traffic_tasks(t.tasks, t.max_tasks)
-        return run_scripted_users(ctx.server(), ctx.api_key, tasks, users=t.users, sessions_per_user=t.sessions_per_user,
-                                  seed=ctx.config.seed * 1000 + ctx.round * 10 + (ctx.phase == "canary"),
-                                  max_steps=t.max_steps, max_tokens=t.max_tokens, temperature=t.temperature,
-                                  concurrency=t.concurrency, user_prefix=f"{ctx.config.name}-user",
-                                  progress=ctx.progress)
+        cfg = ctx.config
+        tasks = org_tasks(cfg)[0] if cfg.specialise else resolve_suite(t.tasks, t.max_tasks)
+        users = make_population(tasks, t.users, seed=cfg.seed, model=cfg.users, prefix=f"{cfg.name}-user")
+        # the same users every round; each round takes the next requests of their streams
+        slot = 0 if ctx.phase == "collect" else 1 + ctx.round
+        return run_population(ctx.server(), ctx.api_key, users, round_key=f"{ctx.cycle_dir.name}:{ctx.phase}:{ctx.round}",
+                              sessions_per_user=t.sessions_per_user, model=cfg.users,
+                              start=slot * t.sessions_per_user, max_steps=t.max_steps, max_tokens=t.max_tokens,
+                              temperature=t.temperature, concurrency=t.concurrency, progress=ctx.progress)
     if t.kind == "command":
         env = {**os.environ, "ETUDE_LOOP_PHASE": ctx.phase, "ETUDE_LOOP_ROUND": str(ctx.round), "ETUDE_DB": ctx.db,
                "ETUDE_API_KEY": ctx.api_key, "ETUDE_LOOP_ORG": ctx.org}
@@ -401,10 +463,17 @@ def _builtin_traffic(ctx: TrafficContext) -> Any:
     return None
 
 
-def _traffic_tasks(spec: str, max_tasks: int) -> list[Any]:
-    from etude.evals.runner import resolve_suite
-
-    return resolve_suite(spec, max_tasks)
+def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:
+    """(its users' requests, its held-out suite) for `cfg.org`: tasks of its repositories
+    (`[orgs.ORG] repos`, else all) from the traffic spec, split in order and disjoint."""
+    repos = set(cfg.org_repos())
+    need = cfg.traffic.max_tasks + cfg.eval.max_tasks  # without a repos filter, only as many as are used
+    tasks = [x for x in resolve_suite(cfg.traffic.tasks, None if repos else need) if not repos or repo_of(x) in repos]
+    traffic, heldout = tasks[:cfg.traffic.max_tasks], tasks[cfg.traffic.max_tasks:cfg.traffic.max_tasks + cfg.eval.max_tasks]
+    if not traffic or not heldout:
+        raise EtudeError(f"organisation {cfg.org!r}: {len(tasks)} task(s) of its repositories in {cfg.traffic.tasks!r}; "
+                         f"need more than traffic.max_tasks = {cfg.traffic.max_tasks} to hold some out for its gate")
+    return traffic, heldout
 
 
 def _session_summary(sessions: Any) -> dict[str, Any] | None:
@@ -416,9 +485,9 @@ def _session_summary(sessions: Any) -> dict[str, Any] | None:
             "first_error": next((s["error"] for s in sessions if "error" in s), None)}
 
 
-def _eval_key(cfg: LoopConfig) -> str:
+def _eval_key(cfg: LoopConfig, suite: str | None = None) -> str:
     e = cfg.eval
-    text = json.dumps([e.suite, e.max_tasks, e.max_steps, e.max_tokens, cfg.traffic.temperature])
+    text = json.dumps([suite or e.suite, e.max_tasks, e.max_steps, e.max_tokens, cfg.traffic.temperature])
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 

@@ -1,102 +1,91 @@
 """Train a candidate from the served weights on distilled production samples.
 
-The learner is etude.train's own (`Learner`: packed forward, truncated importance sampling
-against the behaviour log-probs logged at serving time, PPO clip, AdamW), with the group-free
-running-mean baseline (`RunningBaseline`), because production has one response per prompt.
-The samples are `ScoredSample.to_episode()` episodes read back from the cycle's samples file.
+The trainer is etude's one trainer, `etude.train.loop.train`, on the `episodes` environment
+(`etude.train.envs.EpisodesEnv`): the distilled samples, converted once by
+`ScoredSample.to_episode()` and written as `Episode.to_dict()` lines, are replayed as the
+rollouts, with the behaviour log-probs logged at serving time (truncated importance sampling,
+PPO clip, AdamW). One response per prompt, so the advantage is the group-free running-mean
+baseline (`advantage = "baseline"`, `group_size = 1`); each batch is a seeded sample of the
+episodes (`etude.train.rollout.batch_problems`).
 
-Resumable: a checkpoint (etude.train.checkpoint, atomic) is written after every step, and a
-rerun continues from the latest one; the final checkpoint is a Hugging Face model directory
-the server loads as it is. Not guaranteed: bit-identical results after a resume (the sample
-order is seeded per step, the weights and optimizer are restored, dropout RNG is restored).
+Resumable as every training run is: a checkpoint after every step, and a rerun continues from
+the latest one; the final checkpoint is a Hugging Face model directory the server loads as it
+is. Not guaranteed: bit-identical results after a resume (dropout RNG is restored, not
+per-kernel determinism).
 """
 
 from __future__ import annotations
 
 import json
-import random
+import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from etude.loop.distill import ScoredSample
+from etude.policy.models import load_model
+from etude.train.config import EnvConfig, LoraConfig, TrainConfig
+from etude.train.loop import train
+from etude.train.losses import LossConfig
+from etude.train.metrics import read_metrics
 
-def _train_config(base: str, section: Any, temperature: float, seed: int) -> Any:
-    from etude.train import LossConfig, TrainConfig
 
-    return TrainConfig(model=base, steps=section.steps, prompts_per_step=section.batch_size, group_size=1,
+def episodes_jsonl(samples: Iterable[ScoredSample]) -> str:
+    """The learner's episodes file: one `ScoredSample.to_episode().to_dict()` per line."""
+    return "".join(json.dumps(s.to_episode().to_dict()) + "\n" for s in samples)
+
+
+def train_config(base: str, episodes_path: Path, section: Any, temperature: float, seed: int,
+                 lora: bool = False) -> TrainConfig:
+    """The trainer's config for a loop's `[train]` section (etude.loop.config.TrainSection);
+    `lora`: a LoRA adapter on `base` (an organisation's, `etude loop --org`) instead of all weights."""
+    adapter = LoraConfig(enabled=True, r=section.lora_r, alpha=section.lora_alpha,
+                         target_modules=tuple(section.lora_target_modules)) if lora else LoraConfig()
+    return TrainConfig(model=base, lora=adapter, steps=section.steps, prompts_per_step=section.batch_size, group_size=1,
                        advantage="baseline", aggregation="token_mean", temperature=temperature, top_p=1.0,
                        lr=section.lr, micro_batch_tokens=section.micro_batch_tokens, seed=seed,
                        checkpoint_every=1, keep_checkpoints=1,
-                       loss=LossConfig(is_cap=section.is_cap, kl_coef=section.kl_coef))
+                       loss=LossConfig(is_cap=section.is_cap, kl_coef=section.kl_coef),
+                       env=EnvConfig(name="episodes", episodes_file=str(episodes_path), seed=seed))
 
 
-def load_episodes(samples_path: Path) -> list[Any]:
-    from etude.loop.distill import ScoredSample  # noqa: F401 - the file holds ScoredSample.to_dict()
-    from etude.train.envs import Episode, TurnSample
-
-    eps = []
-    for line in samples_path.read_text().splitlines():
-        d = json.loads(line)
-        turn = TurnSample(d["prompt_token_ids"], d["completion_token_ids"], d["behaviour_logprobs"])
-        eps.append(Episode(problem_id=d["interaction_id"], family="production", reward=d["reward"]["total"],
-                           terms=d["reward"]["terms"], resolved=False, turns=[turn],
-                           policy_version=d["policy_version"]))
-    return [e for e in eps if e.turns[0].completion_ids]
-
-
-def _batch(eps: list[Any], step: int, size: int, seed: int) -> list[Any]:
-    """Step k's batch: positions k*size .. of an endless sequence of seeded epoch shuffles."""
-    n, size = len(eps), min(size, len(eps))
-    orders: dict[int, list[int]] = {}
-
-    def order(epoch: int) -> list[int]:
-        if epoch not in orders:
-            orders[epoch] = list(range(n))
-            random.Random(seed * 100_003 + epoch).shuffle(orders[epoch])
-        return orders[epoch]
-
-    return [eps[order(i // n)[i % n]] for i in range(step * size, step * size + size)]
+def train_candidate(episodes_path: Path, base_model: str, out_dir: Path, section: Any, *, temperature: float,
+                    seed: int = 0, lora: bool = False) -> dict[str, Any]:
+    """Run (or resume) `section.steps` steps from `base_model` (a LoRA adapter on it if `lora`:
+    the checkpoint is then peft's adapter directory, which the server loads on its base);
+    -> summary with the checkpoint path."""
+    cfg = train_config(base_model, episodes_path, section, temperature, seed, lora)
+    summ = train(cfg, out_dir, resume=True, progress=False)
+    history = [{"step": r["step"], "reward": r.get("reward"), **{k: r[k] for k in _KEEP if k in r}}
+               for r in read_metrics(out_dir) if r.get("kind") == "train"]
+    samples = sum(1 for line in Path(episodes_path).read_text().splitlines() if line.strip())
+    return {"checkpoint": summ["checkpoint"], "steps": summ["steps"], "samples": samples, "base": base_model,
+            "adapter": lora, "history": history}
 
 
-def train_candidate(samples_path: Path, base_model: str, out_dir: Path, section: Any, *, temperature: float,
-                    seed: int = 0) -> dict[str, Any]:
-    """Run (or resume) `section.steps` steps from `base_model`; -> summary with the model path."""
-    import torch
+def is_adapter(path: str | Path) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
 
-    from etude.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-    from etude.train.learner import Learner, Sample
-    from etude.train.losses import RunningBaseline, token_weights
 
-    cfg = _train_config(base_model, section, temperature, seed)
-    eps = load_episodes(samples_path)
-    torch.manual_seed(seed)
-    learner = Learner(cfg)
-    state: dict[str, Any] = {"step": 0, "version": 0, "baseline": {}, "history": []}
-    ckpt = latest_checkpoint(out_dir)
-    if ckpt is not None:
-        state = load_checkpoint(ckpt, learner)
-    baseline = RunningBaseline(means=dict(state.get("baseline") or {}))
-    while state["step"] < cfg.steps:
-        batch = _batch(eps, state["step"], cfg.prompts_per_step, seed)
-        adv = baseline.advantages([e.reward for e in batch], [e.family for e in batch])
-        samples = [Sample(e.turns[0].prompt_ids, e.turns[0].completion_ids, e.turns[0].logprobs, a)
-                   for e, a in zip(batch, adv, strict=True)]
-        for s, w in zip(samples, token_weights([len(s.completion_ids) for s in samples], cfg.aggregation),
-                        strict=True):
-            s.weight = w
-        stats = learner.step(samples)
-        state["step"] += 1
-        state["baseline"] = dict(baseline.means)
-        state["history"] = [*state.get("history", []), {"step": state["step"], "reward": _mean(e.reward for e in batch),
-                                                       **{k: stats[k] for k in _KEEP if k in stats}}]
-        ckpt = save_checkpoint(out_dir, learner, {**state, "config": cfg.to_dict(), "model": base_model}, keep=1)
-    return {"checkpoint": str(ckpt), "steps": state["step"], "samples": len(eps), "base": base_model,
-            "history": state.get("history", [])}
+def export_merged(adapter_dir: str | Path, base_model: str, out: str | Path) -> Path:
+    """`base_model` with the adapter merged in, saved as a plain model directory at `out` (what
+    the eval harness loads); written under a temporary name, then renamed; kept if present."""
+    from peft import PeftModel
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    model, tok = load_model(base_model)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
 
 
 _KEEP = ("loss", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_truncated_frac", "clip_frac", "kl",
          "grad_norm", "train_tokens", "train_s")
-
-
-def _mean(xs: Any) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else 0.0
