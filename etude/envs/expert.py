@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import random
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ from typing import Any
 
 from etude.harness.prompt import render_tool_calls_text
 from etude.types import Generation, Message, Task, ToolCall
+
+_AST_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,9 @@ def unique_old_str(source: str, hunk: Hunk) -> tuple[str, str] | None:
 def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] | None:
     """(first, last) line of the function/method `name` (dotted path allowed) holding `line`."""
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        with _AST_LOCK:  # NOTE: CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
+            tree = ast.parse(source)
+    except (SyntaxError, ValueError, SystemError, RecursionError):
         return None
     leaf = name.split(".")[-1]
     best = None

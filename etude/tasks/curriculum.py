@@ -112,7 +112,7 @@ def enclosing_function(source: str, line: int) -> str | None:
     """`Class.method` or `function` whose body holds `line` (innermost), None at module level."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError, SystemError, RecursionError):
         return None
     best: tuple[int, str] | None = None
 

@@ -220,8 +220,9 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
             traj, outcome = run_episode(t, pol, hc)
             cache.add({"task_id": t.instance_id, "key": key, "resolved": outcome.resolved,
                        "trajectory": traj.to_dict() if outcome.resolved else None})
-        except EtudeError as e:
-            cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": str(e)[:200]})
+        except Exception as e:  # noqa: BLE001 - one task the expert cannot do must not stop the gathering
+            cache.add({"task_id": t.instance_id, "key": key, "resolved": False,
+                       "skipped": f"{type(e).__name__}: {e}"[:200]})
 
     _run_all(todo, one, workers, len(tasks) - len(todo), len(tasks), progress)
     return [Trajectory_from(r["trajectory"]) for r in cache.rows if r.get("resolved") and r.get("trajectory")]
