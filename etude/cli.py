@@ -13,6 +13,7 @@ import sys
 
 import typer
 
+from etude import __version__
 from etude.errors import EtudeError
 
 # Order is the order of `etude --help`.
@@ -44,8 +45,6 @@ app = typer.Typer(
 @app.command("version")
 def version() -> None:
     """Print etude's version."""
-    from etude import __version__
-
     print(__version__)
 
 
