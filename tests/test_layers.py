@@ -29,7 +29,6 @@ LOCAL_IMPORT_ALLOWED: dict[str, str] = {}
 NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/demo/cli.py",
     "etude/demo/run.py",
-    "etude/evals/adherence.py",
     "etude/evals/cli.py",
     "etude/evals/config.py",
     "etude/evals/models.py",

@@ -45,6 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etude.evals.models import patched_files
+from etude.tasks.layout import iter_files
+
 COMPONENTS = ("files", "size", "duplicates", "imports", "lint", "format")
 _MIN_BODY_NODES = 12  # smaller bodies (a `return x`, a `pass`) are not worth calling duplicates
 _MAX_EVIDENCE = 8
@@ -103,8 +106,6 @@ def repo_index(template: Path) -> RepoIndex:
 
 
 def _build_index(template: Path) -> RepoIndex:
-    from etude.tasks.layout import iter_files
-
     defs: list[Def] = []
     imported: set[str] = set()
     local: set[str] = set()
@@ -431,8 +432,6 @@ def before_contents(template: Path, paths: list[str]) -> Contents:
 def patch_facts(template: Path, patch: str, select: tuple[str, ...] = ("E4", "E7", "E9", "F")) -> PatchFacts | None:
     """Facts of a patch on the template; None for an empty patch. Raises EtudeError if it does
     not apply."""
-    from etude.evals.models import patched_files
-
     if not patch.strip():
         return None
     after = patched_files(template, patch)
