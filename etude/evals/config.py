@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.harness import HarnessConfig
+from etude.rewards import RewardConfig
 
 
 def _default_adherence_weights() -> dict[str, float]:
@@ -65,13 +67,9 @@ class EvalConfig:
             raise EtudeError(f"unknown adherence component(s): {', '.join(sorted(unknown))}")
 
     def harness_config(self) -> Any:
-        from etude.harness import HarnessConfig
-
         return self.harness or HarnessConfig(max_steps=self.max_steps)
 
     def reward_config(self) -> Any:
-        from etude.rewards import RewardConfig
-
         return self.reward or RewardConfig()
 
     def to_dict(self) -> dict[str, Any]:
