@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.policy import make_policy
+from etude.policy.batcher import BatchedPolicy, batchable
+from etude.policy.scripted import ScriptedPolicy, load_script
 from etude.protocols import Policy
+from etude.rewards.diff import parse_diff
+from etude.tasks.diffs import apply_patch, changed_paths
+from etude.tasks.repo import prepare_repo
 from etude.types import Task
 
 PolicyFactory = Callable[[Task, int], Policy]  # (task, sample index) -> a policy for that episode
@@ -32,8 +38,6 @@ PolicyFactory = Callable[[Task, int], Policy]  # (task, sample index) -> a polic
 def patched_files(template: Path, patch: str) -> dict[str, str | None]:
     """Each file a patch touches -> its content after the patch (None: deleted), computed on a
     scratch copy of just those files. Raises EtudeError if the patch does not apply."""
-    from etude.tasks.diffs import apply_patch, changed_paths
-
     paths = _all_paths(patch) or changed_paths(patch)
     with tempfile.TemporaryDirectory(prefix="etude-eval-") as tmp:
         root = Path(tmp)
@@ -49,8 +53,6 @@ def patched_files(template: Path, patch: str) -> dict[str, str | None]:
 
 
 def _all_paths(patch: str) -> list[str]:
-    from etude.rewards.diff import parse_diff
-
     return sorted({p for fd in parse_diff(patch) for p in fd.paths})
 
 
@@ -60,8 +62,6 @@ def _read(p: Path) -> str | None:
 
 def oracle_outputs(task: Task) -> list[dict[str, Any]]:
     """Scripted native tool calls that make the workspace equal to base + gold patch."""
-    from etude.tasks.repo import prepare_repo
-
     calls: list[dict[str, Any]] = []
     for rel, content in patched_files(prepare_repo(task), task.patch).items():
         if content is None:
@@ -72,8 +72,6 @@ def oracle_outputs(task: Task) -> list[dict[str, Any]]:
 
 
 def _scripted(outputs: list[Any], pid: str, final: str) -> Policy:
-    from etude.policy.scripted import ScriptedPolicy
-
     return ScriptedPolicy(outputs, id=pid, final=final, native_tools=True)
 
 
@@ -81,8 +79,6 @@ def _shared(policy: Policy) -> PolicyFactory:
     # One model instance for every episode: loading weights per task would dominate the run, and
     # loading it here, before any episode, makes a bad model spec fail at once with one clear line.
     # A local model answers concurrent episodes in batches (one forward for every waiting turn).
-    from etude.policy.batcher import BatchedPolicy, batchable
-
     shared = BatchedPolicy(policy) if batchable(policy) else policy
     return lambda task, sample: shared
 
@@ -109,21 +105,15 @@ def policy_factory(spec: str, model_name: str | None = None, backend: str = "hf"
 
 
 def _scripted_file(path: str) -> PolicyFactory:
-    from etude.policy.scripted import ScriptedPolicy, load_script
-
     data = load_script(path)  # read once, so a bad file fails before any episode runs
     return lambda task, k: ScriptedPolicy(data["outputs"], id=f"scripted:{Path(path).name}")
 
 
 def _openai(url: str, name: str) -> Policy:
-    from etude.policy import make_policy
-
     return make_policy("openai", base_url=url, model=name)
 
 
 def _local(spec: str, backend: str = "hf") -> Policy:
-    from etude.policy import make_policy
-
     if backend == "vllm":  # one engine for every episode; a missing vLLM is one line (exit 2)
         if ("/" in spec or Path(spec).exists()) and not Path(spec).is_dir():
             raise EtudeError(f"model directory not found: {spec}")
