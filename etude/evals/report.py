@@ -13,7 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from etude.errors import EtudeError
 from etude.evals.adherence import COMPONENTS
+from etude.evals.records import read_records
+from etude.evals.summary import by_task
+from etude.tasks import load_tasks
 
 
 def _diff_lines(diff: str) -> list[tuple[str, str]]:
@@ -143,11 +147,6 @@ def _episode_view(r: dict[str, Any]) -> dict[str, Any]:
 def write_report(out_dir: str | Path) -> Path:
     """Render OUT/report.html from run.json, tasks.jsonl, results.jsonl and summary.json."""
     import jinja2
-
-    from etude.errors import EtudeError
-    from etude.evals.records import read_records
-    from etude.evals.summary import by_task
-    from etude.tasks import load_tasks
 
     out = Path(out_dir)
     if not (out / "summary.json").is_file():
