@@ -30,7 +30,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/demo/cli.py",
     "etude/demo/run.py",
     "etude/evals/cli.py",
-    "etude/evals/runner.py",
     "etude/experiments/analysis.py",
     "etude/experiments/cli.py",
     "etude/experiments/power.py",

@@ -32,9 +32,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from etude.envs import run_episode
 from etude.errors import EtudeError
+from etude.evals.adherence import adherence, patch_facts
 from etude.evals.config import EvalConfig
+from etude.evals.models import policy_factory
 from etude.evals.records import ResultsWriter, read_records
+from etude.evals.report import write_report
+from etude.evals.summary import summarise
+from etude.policy import check_backend
+from etude.rewards import apply_flags, breakdown_json, score
+from etude.rewards.terms import answers, asks_question
+from etude.tasks import builtin_suite, load_tasks, save_tasks
+from etude.tasks.curriculum import builtin_curriculum
+from etude.tasks.repo import prepare_repo
 from etude.types import Task, Trajectory
 
 RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json", "tasks.jsonl"
@@ -42,9 +53,6 @@ RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json",
 
 def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = None) -> list[Task]:
     """Tasks from a file, `builtin:SPLIT` (the built-in suite), or a list of Tasks."""
-    from etude.tasks import builtin_suite, load_tasks
-    from etude.tasks.curriculum import builtin_curriculum
-
     if isinstance(suite, (str, Path)):
         text = str(suite)
         if text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
@@ -74,8 +82,6 @@ def suite_hash(tasks: Sequence[Task]) -> str:
 
 def _manifest(out: Path, tasks: list[Task], model: str, cfg: EvalConfig) -> dict[str, Any]:
     """Write run.json, or check a resumed run matches the one already in `out`."""
-    from etude.tasks import save_tasks
-
     new = {"model": model, "suite_sha256": suite_hash(tasks), "instance_ids": [t.instance_id for t in tasks],
            "samples": cfg.samples, "config": cfg.to_dict()}  # fmt: skip
     path = out / MANIFEST
@@ -112,13 +118,8 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate `model` (see etude.evals.models) on `suite`; returns the summary (also in
     OUT/summary.json). Resumes a run already in `out_dir`."""
-    from etude.evals.models import policy_factory
-    from etude.evals.summary import summarise
-
     cfg = config or EvalConfig()
     if cfg.backend != "hf":  # a missing engine is one line before the suite is prepared
-        from etude.policy import check_backend
-
         check_backend(cfg.backend)
     tasks = resolve_suite(suite, cfg.max_tasks)
     out = Path(out_dir)
@@ -138,8 +139,6 @@ def run_eval(
         first = next(r for r in read_records(out / RESULTS).values() if r.get("status") == "error")
         raise EtudeError(f"every episode failed ({summary['errors']}); first: {first['error'][:300]}")
     if cfg.report:
-        from etude.evals.report import write_report
-
         summary["report"] = str(write_report(out))
     return summary
 
@@ -177,8 +176,6 @@ _GOLD_LOCK = threading.Lock()
 
 
 def _gold_facts(task: Task, template: Path, cfg: EvalConfig) -> Any:
-    from etude.evals.adherence import patch_facts
-
     # Keyed by content, not id: two suites may reuse an instance id for another patch.
     key = hashlib.sha256(json.dumps([str(template), task.patch, list(cfg.ruff_select)]).encode()).hexdigest()
     with _GOLD_LOCK:
@@ -189,9 +186,6 @@ def _gold_facts(task: Task, template: Path, cfg: EvalConfig) -> Any:
 
 def adherence_of(task: Task, diff: str, cfg: EvalConfig) -> dict[str, Any]:
     """The adherence block of a record (see etude.evals.adherence); never raises for a bad patch."""
-    from etude.evals.adherence import adherence, patch_facts
-    from etude.tasks.repo import prepare_repo
-
     template = prepare_repo(task)
     try:
         gold = _gold_facts(task, template, cfg)
@@ -203,8 +197,6 @@ def adherence_of(task: Task, diff: str, cfg: EvalConfig) -> dict[str, Any]:
 
 def efficiency(traj: Trajectory) -> dict[str, Any]:
     """Counts of one episode. `parallel_calls`: calls issued in a turn together with others."""
-    from etude.rewards.terms import answers, asks_question
-
     per_turn = [sum(1 for x in t.tool_executions if x.call.name != "submit") for t in traj.turns]
     executed = [x for t in traj.turns for x in t.tool_executions]
     malformed = sum(len(t.parse_errors) for t in traj.turns) + sum(1 for x in executed if _malformed(x.result))
@@ -241,9 +233,6 @@ def episode_record(
     task: Task, sample: int, factory: Callable, cfg: EvalConfig, out: Path, model: str
 ) -> dict[str, Any]:
     """One episode, scored and measured, as a results.jsonl record (status "error" on failure)."""
-    from etude.envs import run_episode
-    from etude.rewards import apply_flags, breakdown_json, score
-
     t0 = time.monotonic()
     rel = Path("trajectories") / f"{_safe(task.instance_id)}-{sample}.jsonl"
     (out / rel).parent.mkdir(parents=True, exist_ok=True)
