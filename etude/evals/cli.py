@@ -1,5 +1,7 @@
-"""`etude eval --suite FILE --model M --out DIR`, `etude eval compare A B`, `etude eval report DIR`
-(typer/stdlib at top level only).
+"""`etude eval --suite FILE --model M --out DIR`, `etude eval compare A B`, `etude eval report DIR`.
+
+The etude imports sit at the top: importing `etude.evals.cli` imports the `etude.evals` package
+first anyway, so deferring them would not make `etude eval --help` faster.
 
 The run prints its summary as JSON on stdout (progress on stderr). `compare` prints the verdict as
 JSON and exits 1 when the gate fails, so a script can use it as a gate directly.
@@ -12,6 +14,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from etude.configfile import read_toml
+from etude.errors import EtudeError
+from etude.evals import EvalConfig, run_eval
+from etude.evals.compare import CompareConfig, _default_margins, compare
+from etude.evals.report import write_report
+from etude.harness import HarnessConfig
 
 eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence, efficiency) and compare runs.",
                        invoke_without_command=True, no_args_is_help=False)  # fmt: skip
@@ -37,17 +46,11 @@ def eval_cmd(
     """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
     if ctx.invoked_subcommand is not None:
         return
-    from etude.errors import EtudeError
-    from etude.evals import EvalConfig, run_eval
-
     missing = [n for n, v in (("--suite", suite), ("--model", model), ("--out", out)) if not v]
     if missing:
         raise EtudeError(f"etude eval needs {', '.join(missing)} (or a subcommand: compare, report)")
     harness = None
     if agent_config is not None:
-        from etude.configfile import read_toml
-        from etude.harness import HarnessConfig
-
         table = read_toml(agent_config, "agent config").get("harness") or {}
         try:
             harness = HarnessConfig(**table)
@@ -59,9 +62,6 @@ def eval_cmd(
 
 
 def _margins(items: list[str] | None) -> dict[str, float] | None:
-    from etude.errors import EtudeError
-    from etude.evals.compare import _default_margins
-
     if not items:
         return None
     margins = _default_margins()
@@ -86,8 +86,6 @@ def compare_cmd(
     rule: Annotated[str, typer.Option(help="ci (interval must be worse than 0) or point.")] = "ci",
 ) -> None:
     """Compare two runs on the same suite (B - A per metric); exit 1 if a gated metric regressed."""
-    from etude.evals.compare import CompareConfig, compare
-
     m = _margins(margin)
     cfg = CompareConfig(rule=rule) if m is None else CompareConfig(margins=m, rule=rule)
     verdict = compare(run_a, run_b, cfg)
@@ -103,8 +101,6 @@ def compare_cmd(
 @eval_app.command("report", no_args_is_help=True)
 def report_cmd(run_dir: Annotated[Path, typer.Argument(help="Run folder.")]) -> None:
     """Rebuild report.html of a run folder."""
-    from etude.evals.report import write_report
-
     print(write_report(run_dir))
 
 
