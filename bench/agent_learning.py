@@ -24,13 +24,16 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from etude.evals import EvalConfig, run_eval
 from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
 from etude.tasks.curriculum import builtin_curriculum, members
 from etude.train import load_config, train
@@ -65,9 +68,26 @@ def stage_figures(run: Path) -> dict[str, Any]:
             "reward_mean": (s.get("reward") or {}).get("mean")}
 
 
-def paired(a: Path, b: Path) -> dict[str, Any]:
+def records(run: Path) -> dict[str, dict[str, Any]]:
+    return {r["instance_id"]: r for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+
+
+def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
+    """Stage figures from the episodes of `ids` only (an evaluation stopped before the whole split)."""
+    recs = records(run)
+    k = sum(1 for i in ids if recs[i].get("status") == "ok" and recs[i].get("resolved"))
+    lo, hi = wilson_ci(k, len(ids))
+    eff = [(recs[i].get("efficiency") or {}) for i in ids]
+    return {"resolved": k, "tasks": len(ids), "resolved_rate": k / len(ids), "ci95": [lo, hi],
+            "behaviour": behaviour({i: [recs[i]] for i in ids}),
+            "errors": sum(1 for i in ids if recs[i].get("status") != "ok"),
+            "stop_reasons": dict(Counter(e.get("stop_reason") for e in eff)),
+            "reward_mean": statistics.fmean(float(recs[i].get("reward", 0.0) or 0.0) for i in ids)}
+
+
+def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
     ra, rb = outcomes(a), outcomes(b)
-    ids = sorted(set(ra) & set(rb))
+    ids = sorted(set(ra) & set(rb) & set(only if only is not None else ra))
     x, y = [ra[i] for i in ids], [rb[i] for i in ids]
     return {"tasks": len(ids), "gain_points": (sum(y) - sum(x)) / max(1, len(ids)),
             "b_only": sum(1 for p, q in zip(x, y, strict=True) if q and not p),
@@ -145,7 +165,13 @@ def main() -> None:
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--skip-rl", action="store_true")
+    ap.add_argument("--analyse-only", action="store_true",
+                    help="run nothing: read the stages' results under --work and analyse the held-out tasks that "
+                         "every stage finished (for a run stopped before the whole split)")
     args = ap.parse_args()
+    if args.analyse_only:
+        analyse_only(args)
+        return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
@@ -232,6 +258,47 @@ def main() -> None:
     log(f"wrote {args.out}")
     print(json.dumps({"stages": {k: (v["resolved"], v["tasks"], v["ci95"]) for k, v in stages.items()},
                       "comparisons": comparisons, "targets_met": met, "wall_s": walls}, indent=1))
+
+
+def analyse_only(args: argparse.Namespace) -> None:
+    work = Path(args.work)
+    test = builtin_curriculum("test", 1)
+    runs = {n: work / f"eval-{n}" for n in ("base", "sft", "rl") if (work / f"eval-{n}" / "results.jsonl").is_file()}
+    done = [{i for i, r in records(p).items() if r.get("status") == "ok"} for p in runs.values()]
+    ids = [t.instance_id for t in test if all(t.instance_id in d for d in done)]
+    stages = {n: subset_figures(p, ids) for n, p in runs.items()}
+    comparisons = {"sft_vs_base": paired(runs["base"], runs["sft"], ids)}
+    if "rl" in runs:
+        comparisons["rl_vs_sft"] = paired(runs["sft"], runs["rl"], ids)
+    sft = json.loads((work / "sft" / "summary.json").read_text())
+    b = stages["sft"]["behaviour"]
+    met = {"valid_call_rate_sft>=0.95": b["valid_call_rate"]["mean"] is not None
+           and b["valid_call_rate"]["mean"] >= TARGETS["valid_call_rate_sft"],
+           "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
+           "held_out>=100": len(ids) >= 100}
+    if "rl" not in runs:
+        met["rl>=sft+8pts_p<0.05"] = False
+        met["tokens_per_resolved_rl<=0.8*sft"] = False
+    walls = {n: sum(float(r.get("episode_s", 0)) for r in records(p).values()) for n, p in runs.items()}
+    split = {s: builtin_curriculum(s, 1) for s in ("train", "validation", "test")}
+    result = {
+        "bench": "agent_learning", "mode": "analyse-only (stages run by bench/agent_learning.py; the evaluations "
+        "were stopped before the whole test split, so only the held-out tasks every stage finished are counted)",
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "model": args.model,
+        "split": {k: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
+                  for k, v in split.items()},
+        "held_out_tasks": len(ids), "held_out_split_size": len(test),
+        "held_out_packages": dict(Counter(next(t.source.get("package") for t in test if t.instance_id == i) for i in ids)),
+        "sft": {k: sft.get(k) for k in ("steps", "sequences", "trajectories", "train_tokens", "loss_tokens",
+                                        "gather_s", "train_s", "final", "last")},
+        "stages": stages, "comparisons": comparisons, "targets": TARGETS, "targets_met": met,
+        "episode_seconds_summed": walls, "rl": "not run in this bench run" if "rl" not in runs else "run",
+    }
+    result["plots"] = plots(Path(args.out).with_suffix(""), stages, work / "sft", work / "rl" if "rl" in runs else None)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({"held_out_tasks": len(ids), "stages": {k: (v["resolved"], v["tasks"], v["ci95"])
+                      for k, v in stages.items()}, "comparisons": comparisons, "targets_met": met}, indent=1))
 
 
 if __name__ == "__main__":
