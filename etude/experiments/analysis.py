@@ -36,6 +36,7 @@ import numpy as np
 from scipy import stats
 
 from etude.errors import EtudeError
+from etude.experiments.power import ratio_and_var, tau_rel_for
 
 ARMS = ("control", "treatment")
 REQUIRED = ("user_id", "arm", "metric", "numerator", "denominator")
@@ -68,8 +69,6 @@ class ABConfig:
         if self.tau_rel is not None and not self.tau_rel > 0:
             raise EtudeError(f"tau_rel must be positive, got {self.tau_rel}")
         if self.mde is not None:
-            from etude.experiments.power import tau_rel_for
-
             tau_rel_for(self.mde, self.alpha, self.power)  # validates mde and power
 
     def effective_tau_rel(self) -> float:
@@ -77,8 +76,6 @@ class ABConfig:
         if self.tau_rel is not None:
             return self.tau_rel
         if self.mde is not None:
-            from etude.experiments.power import tau_rel_for
-
             return tau_rel_for(self.mde, self.alpha, self.power)
         return 0.1
 
@@ -130,19 +127,6 @@ def _check_row(r: dict[str, Any], path: Path, i: int) -> dict[str, Any]:
     if out["denominator"] < 0:
         raise EtudeError(f"{path}: row {i}: denominator must be non-negative")
     return out
-
-
-def ratio_and_var(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
-    """Ratio of sums and its delta-method variance (per-user i.i.d. pairs)."""
-    n = len(num)
-    if n < 2 or den.sum() <= 0:
-        return (float("nan"), float("nan"))
-    r = num.sum() / den.sum()
-    mu_d = den.mean()
-    # Var(n̄/d̄) ≈ (σ_n² − 2R σ_nd + R² σ_d²) / (n μ_d²)
-    cov = np.cov(num, den, ddof=1)
-    var = (cov[0, 0] - 2 * r * cov[0, 1] + r * r * cov[1, 1]) / (n * mu_d * mu_d)
-    return float(r), float(max(var, 0.0))
 
 
 def _linearised(num: np.ndarray, den: np.ndarray, r: float, mu_d: float) -> np.ndarray:

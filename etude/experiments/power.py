@@ -100,11 +100,22 @@ def plan(mde: float, user_cv: float, *, alpha: float = 0.05, power: float = 0.8,
                   msprt_power_final_look=float(stats.norm.sf(z_needed - (za + zb))))
 
 
+def ratio_and_var(num: np.ndarray, den: np.ndarray) -> tuple[float, float]:
+    """Ratio of sums and its delta-method variance (per-user i.i.d. pairs)."""
+    n = len(num)
+    if n < 2 or den.sum() <= 0:
+        return (float("nan"), float("nan"))
+    r = num.sum() / den.sum()
+    mu_d = den.mean()
+    # Var(n̄/d̄) ≈ (σ_n² − 2R σ_nd + R² σ_d²) / (n μ_d²)
+    cov = np.cov(num, den, ddof=1)
+    var = (cov[0, 0] - 2 * r * cov[0, 1] + r * r * cov[1, 1]) / (n * mu_d * mu_d)
+    return float(r), float(max(var, 0.0))
+
+
 def estimate_user_cv(rows: list[dict[str, Any]], metric: str) -> float:
     """Per-user coefficient of variation of `metric` (linearised ratio sd / ratio) from logged rows
     (both arms pooled, or a pre-experiment window): what `plan` needs."""
-    from etude.experiments.analysis import ratio_and_var
-
     acc: dict[str, list[float]] = {}
     for r in rows:
         if r["metric"] == metric:
