@@ -29,7 +29,6 @@ LOCAL_IMPORT_ALLOWED: dict[str, str] = {}
 NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/demo/cli.py",
     "etude/demo/run.py",
-    "etude/experiments/cli.py",
     "etude/loop/config.py",
     "etude/loop/cycle.py",
     "etude/loop/metrics.py",

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import typer
 
+from etude.errors import EtudeError
+from etude.experiments.analysis import ABConfig, Guardrail, analyze, load_events
+from etude.experiments.power import estimate_user_cv, plan
+
 
 def register(app: typer.Typer) -> None:
     ab = typer.Typer(help="A/B experiment readout.", no_args_is_help=True)
@@ -25,9 +29,6 @@ def register(app: typer.Typer) -> None:
         looks: int = typer.Option(20, help="interim looks (in ts or file order) the mSPRT running minimum is taken over"),
     ) -> None:
         """Analyse an experiment's events and write per-metric results plus the SRM check."""
-        from etude.errors import EtudeError
-        from etude.experiments.analysis import ABConfig, Guardrail, analyze, load_events
-
         w = _weights(weights)
         guards = []
         for g in guardrail:
@@ -60,10 +61,6 @@ def register(app: typer.Typer) -> None:
         weights: str = typer.Option("0.5,0.5", help="share of users in control,treatment"),
     ) -> None:
         """Users per arm for a minimum detectable effect, and the mSPRT tau tuned for it (JSON on stdout)."""
-        from etude.errors import EtudeError
-        from etude.experiments.analysis import load_events
-        from etude.experiments.power import estimate_user_cv, plan
-
         if (user_cv is None) == (events is None):
             raise EtudeError("etude ab plan needs exactly one of --user-cv or --events (with --metric)")
         if events is not None:
@@ -77,8 +74,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _weights(text: str) -> tuple[float, float]:
-    from etude.errors import EtudeError
-
     try:
         w = tuple(float(x) for x in text.split(","))
     except ValueError:
