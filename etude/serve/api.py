@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from etude.harness import render_tools_prompt
 from etude.types import Message, ParseResult, ToolCall
 
 
@@ -240,8 +241,6 @@ def with_tools_prompt(messages: list[Message], tools: list[dict[str, Any]]) -> l
     text training uses), appended to the client's system message or as a new first one."""
     if not tools:
         return messages
-    from etude.harness import render_tools_prompt
-
     block = render_tools_prompt(tools)
     if messages and messages[0].role == "system":
         first = messages[0]
