@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from etude.errors import EtudeError, NotFound
+from etude.feedback.followup_model import classify
 from etude.serve import registry
 from etude.serve.api import (
     ApiError,
@@ -251,8 +252,6 @@ def _feedback_record(org: str, body: bytes, model: Any = None) -> dict[str, Any]
 
 def _classify_followup(value: Any, data: dict[str, Any], model: Any = None) -> tuple[Any, dict[str, Any]]:
     # A client may send the follow-up text and let the server label it, or a label itself.
-    from etude.feedback.followup_model import classify
-
     label = data.get("label")
     if label is None:
         text = data.get("text")
