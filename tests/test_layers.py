@@ -37,7 +37,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/policy/vllm_backend.py",
     "etude/scale/parallel.py",
     "etude/serve/cli.py",
-    "etude/serve/pool.py",
     "etude/serve/run.py",
     "etude/serve/service.py",
     "etude/train/__init__.py",

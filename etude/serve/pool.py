@@ -17,6 +17,9 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.policy.batcher import Batcher
+from etude.policy.local import LocalPolicy
+from etude.policy.models import load_model, resolve
+from etude.policy.vllm_backend import VLLMPolicy
 from etude.scale.lowp import apply_serving_precision
 from etude.serve.registry import Checkpoint
 
@@ -28,8 +31,6 @@ def load_local(cp: Checkpoint, precision: str = "fp32") -> Any:
     (peft's adapter_config.json) on top of its base, merged for serving speed. The base is
     `cp.meta["base"]`, else the adapter config's `base_model_name_or_path`. A `precision` other
     than fp32 (ServeConfig.precision) is applied after loading (etude.scale.lowp)."""
-    from etude.policy.local import LocalPolicy
-
     if (Path(cp.path) / "adapter_config.json").is_file():
         pol = LocalPolicy(*_load_adapter(cp), id=cp.name)
     else:
@@ -53,9 +54,6 @@ class VLLMLoader:
         self._lock = threading.Lock()
 
     def _engine(self, base: str) -> Any:
-        from etude.policy.models import resolve
-        from etude.policy.vllm_backend import VLLMPolicy
-
         key = str(resolve(base))
         with self._lock:
             if key not in self.engines:
@@ -86,8 +84,6 @@ def _adapter_base(cp: Checkpoint) -> str:
 
 def _load_adapter(cp: Checkpoint) -> tuple[Any, Any]:
     from peft import PeftModel
-
-    from etude.policy.models import load_model
 
     path = Path(cp.path)
     model, tok = load_model(str(_adapter_base(cp)))
