@@ -38,7 +38,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/scale/parallel.py",
     "etude/serve/cli.py",
     "etude/serve/run.py",
-    "etude/serve/service.py",
     "etude/train/__init__.py",
     "etude/train/checkpoint.py",
     "etude/train/cli.py",

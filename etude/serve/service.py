@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from etude.errors import EtudeError, NotFound
-from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
+from etude.feedback.followup_model import EmbeddingFollowupClassifier, classify
+from etude.harness import parse_output
 from etude.policy.batcher import Batcher, Job
+from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
 from etude.serve.router import Route, Router
@@ -66,8 +68,6 @@ class ChatService:
             return None
         with self._model_lock:
             if self._followup_model is None:
-                from etude.feedback.followup_model import EmbeddingFollowupClassifier
-
                 self._followup_model = EmbeddingFollowupClassifier(self.cfg.followup_model)
         return self._followup_model
 
@@ -143,8 +143,6 @@ class ChatService:
             return ParseResult(text=gen.text, tool_calls=gen.tool_calls)
         if not tools:
             return ParseResult(text=gen.text)
-        from etude.harness import parse_output
-
         names = [t["function"]["name"] for t in tools]
         return parse_output(gen.text, "hermes", tools=names)
 
@@ -189,8 +187,6 @@ class ChatService:
         prev = self.store.last_interaction(record["org_id"], record["session_id"])
         if prev is None:
             return None
-        from etude.feedback.followup_model import classify
-
         earlier = [m["content"] for m in prev["messages"] if m["role"] == "user"]
         label, source = classify(messages[-1].content, earlier[-1] if earlier else None, self.followup_model())
         return len(messages) - 1, label, prev["id"], source
