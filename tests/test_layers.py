@@ -36,7 +36,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/policy/local.py",
     "etude/policy/vllm_backend.py",
     "etude/scale/parallel.py",
-    "etude/serve/cli.py",
     "etude/serve/run.py",
     "etude/train/__init__.py",
     "etude/train/checkpoint.py",

@@ -11,12 +11,15 @@ from typing import Any
 
 import typer
 
+from etude.errors import EtudeError
+from etude.serve import ServeConfig, registry
+from etude.serve import serve as run_server
+from etude.store import open_store
+
 DB = typer.Option(None, "--db", help="store URL (default $ETUDE_DB, then sqlite:///~/.etude/etude.db)")
 
 
 def _store(db: str | None) -> Any:
-    from etude.store import open_store
-
     return open_store(db)
 
 
@@ -50,16 +53,13 @@ def _serve_command(app: typer.Typer) -> None:
         db: str | None = DB,
     ) -> None:
         """Serve an OpenAI-compatible API (chat completions, tools, streaming) with the auto router."""
-        from etude.serve import ServeConfig
-        from etude.serve import serve as run
-
         cfg = ServeConfig.from_toml(config) if config else ServeConfig()
         for key, val in (("model", model), ("name", name), ("host", host), ("port", port), ("db", db),
                          ("torch_threads", threads), ("backend", backend),
                          ("precision", precision)):
             if val is not None:
                 setattr(cfg, key, val)
-        run(cfg)
+        run_server(cfg)
 
 
 def _keys(app: typer.Typer) -> None:
@@ -93,38 +93,28 @@ def _registry(app: typer.Typer) -> None:
             state: str = typer.Option("candidate", "--state"), parent: str | None = typer.Option(None, "--parent"),
             db: str | None = DB) -> None:
         """Register a checkpoint."""
-        from etude.serve import registry
-
         _print(registry.register_checkpoint(_store(db), name, path, version=version, org=org, parent=parent,
                                             state=state))
 
     @reg.command("list")
     def list_(org: str | None = typer.Option(None, "--org"), db: str | None = DB) -> None:
         """Checkpoints visible to ORG (shared ones without --org)."""
-        from etude.serve import registry
-
         _print([c for c in registry.list_checkpoints(_store(db), org)])
 
     @reg.command("promote")
     def promote(name: str, db: str | None = DB) -> None:
         """Make NAME production (the previous production checkpoint is retired)."""
-        from etude.serve import registry
-
         _print(registry.promote(_store(db), name))
 
     @reg.command("set-state")
     def set_state(name: str, state: str, db: str | None = DB) -> None:
         """Move NAME to STATE (candidate, canary, production, retired)."""
-        from etude.serve import registry
-
         _print(registry.set_state(_store(db), name, state))
 
     @reg.command("rollback")
     def rollback(name: str | None = typer.Argument(None), org: str | None = typer.Option(None, "--org"),
                  db: str | None = DB) -> None:
         """Retire NAME (default: current production) and restore the production checkpoint it replaced."""
-        from etude.serve import registry
-
         prod = registry.rollback(_store(db), name, org=org)
         _print({"production": prod})
 
@@ -138,28 +128,20 @@ def _experiment(app: typer.Typer) -> None:
     def set_(exp_id: str, arm: list[str] = typer.Option(..., "--arm", help="NAME=CHECKPOINT:WEIGHT, control first"),  # noqa: B008
              org: str | None = typer.Option(None, "--org"), db: str | None = DB) -> None:
         """Create or re-weight the active experiment, e.g. --arm control=v1:0.9 --arm canary=v2:0.1."""
-        from etude.serve import registry
-
         _print(registry.set_experiment(_store(db), exp_id, [_arm(a) for a in arm], org=org))
 
     @exp.command("stop")
     def stop(exp_id: str, db: str | None = DB) -> None:
-        from etude.serve import registry
-
         _print(registry.stop_experiment(_store(db), exp_id))
 
     @exp.command("list")
     def list_(org: str | None = typer.Option(None, "--org"), db: str | None = DB) -> None:
-        from etude.serve import registry
-
         _print([e for e in registry.list_experiments(_store(db), org)])
 
     app.add_typer(exp, name="experiment")
 
 
 def _arm(spec: str) -> tuple[str, str, float]:
-    from etude.errors import EtudeError
-
     try:
         name, rest = spec.split("=", 1)
         ckpt, weight = rest.rsplit(":", 1)
