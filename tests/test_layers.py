@@ -20,7 +20,9 @@ import etude
 ROOT = Path(etude.__file__).resolve().parent
 
 # Function-local etude imports that must stay so, file -> why. Keep it empty unless truly needed.
-LOCAL_IMPORT_ALLOWED: dict[str, str] = {}
+LOCAL_IMPORT_ALLOWED: dict[str, str] = {
+    "etude/serve/run.py": "etude.serve.app imports fastapi; `import etude.serve` (etude --help, keys, registry) must not",
+}
 
 # NOTE: a ratchet, not an allow-list. Issue 16 item 1 is half done: these files still import etude
 # inside functions (most were under other engineers' uncommitted edits when the rest was hoisted).
@@ -36,7 +38,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/policy/local.py",
     "etude/policy/vllm_backend.py",
     "etude/scale/parallel.py",
-    "etude/serve/run.py",
     "etude/train/__init__.py",
     "etude/train/checkpoint.py",
     "etude/train/cli.py",

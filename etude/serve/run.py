@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.policy import check_backend
 from etude.scale.lowp import check_precision
 from etude.serve import registry
 from etude.serve.config import ServeConfig
@@ -47,6 +48,8 @@ def _check_model(model: str) -> None:
 
 def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader | None = None) -> Any:
     """The app; `loader` defaults to the one for `cfg.backend` (LocalPolicy, or shared vLLM engines)."""
+    # NOTE: lazy on purpose: etude.serve.app imports fastapi, and `import etude.serve` (every
+    # `etude --help`, `etude keys`/`registry`, the loop) must not pay for it (+183 modules).
     from etude.serve.app import create_app
 
     if loader is None:
@@ -62,8 +65,6 @@ def build_app(cfg: ServeConfig, store: SQLStore | None = None, loader: Loader | 
 def serve(cfg: ServeConfig) -> None:
     """Run until interrupted (blocking)."""
     import uvicorn
-
-    from etude.policy import check_backend
 
     check_backend(cfg.backend)  # --backend vllm without vLLM: one line naming `make setup-vllm`
     check_precision(cfg.precision, what="serve precision")  # fp8 without FP8 tensor cores: one line
