@@ -12,6 +12,7 @@ own processes, so the batches are the same problems but not necessarily the same
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 import time
@@ -20,9 +21,12 @@ from typing import Any
 
 import torch
 
+from etude.policy.vllm_backend import require_vllm
 from etude.protocols import Env
+from etude.train import distributed
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import TrainConfig
+from etude.train.distributed import broadcast_object, full_optimizer_tensors
 from etude.train.envs import make_env
 from etude.train.learner import Learner, Sample
 from etude.train.losses import RunningBaseline, group_advantages, token_weights
@@ -48,7 +52,7 @@ def to_samples(cfg: TrainConfig, batch: RolloutBatch, baseline: RunningBaseline)
     else:
         groups = [i // cfg.group_size for i in range(len(eps))]
         adv = group_advantages(rewards, groups, scale=cfg.advantage == "grpo")
-    flat = flat_groups(cfg, eps)  # no signal: DAPO-style dynamic sampling drops them (counted per step)
+    flat = dropped_groups(cfg, eps)  # no signal: DAPO-style dynamic sampling drops them (counted per step)
     samples = [Sample(t.prompt_ids, t.completion_ids, t.logprobs, a, routes=t.routes)
                for i, (e, a) in enumerate(zip(eps, adv, strict=True)) if i // cfg.group_size not in flat
                for t in e.turns if t.completion_ids]
@@ -85,6 +89,14 @@ def flat_groups(cfg: TrainConfig, eps: list[Episode]) -> set[int]:
     return {g for g, r in groups.items() if max(r) - min(r) < 1e-9}
 
 
+def dropped_groups(cfg: TrainConfig, eps: list[Episode]) -> set[int]:
+    """The flat groups the step leaves out — all of them unless every group is flat: then the
+    batch is kept (zero policy gradient) so the learner still reports its statistics and applies
+    what does not need an advantage (KL to the reference, an MoE router's balancing loss)."""
+    flat = flat_groups(cfg, eps)
+    return flat if len(flat) < math.ceil(len(eps) / max(1, cfg.group_size)) else set()
+
+
 def evaluate(cfg: TrainConfig, env: Env, policy: Any, problems: list[Problem], step: int) -> dict[str, Any]:
     """Held-out success: `eval_samples` answers per problem at `eval_temperature`."""
     probs = problems[: cfg.eval_problems] if cfg.eval_problems else problems
@@ -107,8 +119,6 @@ class _Run:
         self.state: dict[str, Any] = {"step": 0, "version": 0, "cursor": 0, "consumed": [], "baseline": {}}
         ckpt = latest_checkpoint(out) if resume else None
         if dist is not None:  # every rank must agree on where it starts
-            from etude.train.distributed import broadcast_object
-
             ckpt = broadcast_object(ckpt, dist)
         if not resume and self.main and ckpt_root(out).exists():  # --fresh: old checkpoints must not be resumed later
             shutil.rmtree(ckpt_root(out))
@@ -141,8 +151,6 @@ class _Run:
         t0 = time.perf_counter()
         batch = self.dispatcher.take(st["cursor"], st["version"]) if self.main else None
         if self.dist is not None:  # rollouts stay on rank 0; every rank trains on the same batch
-            from etude.train.distributed import broadcast_object
-
             batch = broadcast_object(batch, self.dist)
         wait_s = time.perf_counter() - t0
         staleness = st["version"] - batch.policy_version
@@ -172,7 +180,8 @@ class _Run:
                **summ, **stats, "gen_s": batch.gen_s, "wait_s": wait_s, "step_s": step_s,
                "gen_tokens": gen_tokens, "gen_tokens_per_s": gen_tokens / max(batch.gen_s, 1e-9),
                "weight_sync_s": getattr(self.executor, "sync_s", 0.0) if self.main else 0.0,
-               "samples": len(batch.episodes), "groups_skipped": len(flat_groups(self.cfg, batch.episodes)),
+               "samples": len(batch.episodes), "groups_flat": len(flat_groups(self.cfg, batch.episodes)),
+               "groups_skipped": len(dropped_groups(self.cfg, batch.episodes)),
                "world_size": self.state["world_size"], "time": time.time()}
         if self.main:
             self.metrics.write(rec)
@@ -182,8 +191,6 @@ class _Run:
         st = {**self.state, "config": self.cfg.to_dict(), "model": self.cfg.model}
         if self.dist is None:
             return save_checkpoint(self.out, self.learner, st, keep=self.cfg.keep_checkpoints)
-        from etude.train.distributed import full_optimizer_tensors
-
         # gathered to rank 0 and written as one process writes it: loads on any number of ranks
         opt = full_optimizer_tensors(self.learner.opt, self.learner.param_names, self.learner.model, self.dist)
         path = ckpt_root(self.out) / f"step-{int(st['step']):06d}"
@@ -226,11 +233,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
 
     hf_logging.disable_progress_bar()  # one progress bar (ours), not one per shard load/save
     if cfg.rollout_backend == "vllm":  # before any model is loaded: one line naming the fix
-        from etude.policy.vllm_backend import require_vllm
-
         require_vllm("rollout_backend = \"vllm\"")
-    from etude.train import distributed
-
     out = Path(out_dir)
     dist = distributed.init(cfg.parallel.backend, cfg.device)  # None unless launched on > 1 rank
     if dist is None or dist.is_main:

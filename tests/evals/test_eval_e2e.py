@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from etude.evals import EvalConfig, compare, run_eval
+from etude.errors import EtudeError
+from etude.evals import CompareConfig, EvalConfig, compare, run_eval
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
@@ -78,10 +79,14 @@ def test_noop_resolves_nothing(noop_run):
 
 
 def test_compare_oracle_to_noop_fails_the_gate(oracle_run, noop_run):
-    v = compare(oracle_run[0], noop_run[0])
+    with pytest.raises(EtudeError, match="at least 30 tasks"):
+        compare(oracle_run[0], noop_run[0])  # the default gate refuses a 3-task suite
+    small = CompareConfig(min_tasks=3)
+    v = compare(oracle_run[0], noop_run[0], small)
     r = v["metrics"]["resolved"]
-    assert r["delta"] == -1.0 and r["regression"] and v["gate_passed"] is False
-    assert compare(oracle_run[0], oracle_run[0])["gate_passed"] is True
+    assert r["delta"] == -1.0 and v["gate_passed"] is False and v["gate"] in ("failed", "inconclusive")
+    same = compare(oracle_run[0], oracle_run[0], small)
+    assert same["gate"] == "inconclusive" and same["gate_passed"] is False  # 3 tasks cannot exclude harm
 
 
 def _chromium_dom(html: Path, profile: Path) -> str:
