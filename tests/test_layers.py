@@ -34,7 +34,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/loop/config.py",
     "etude/loop/cycle.py",
     "etude/loop/metrics.py",
-    "etude/policy/__init__.py",
     "etude/policy/local.py",
     "etude/policy/vllm_backend.py",
     "etude/scale/parallel.py",

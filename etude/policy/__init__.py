@@ -16,20 +16,19 @@ from collections.abc import Callable
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.policy.openai_http import OpenAIPolicy
+from etude.policy.scripted import ScriptedPolicy
+from etude.policy.vllm_backend import VLLMPolicy, require_vllm
 from etude.protocols import Policy
 
 
 def _scripted(spec: str, **kw: Any) -> Policy:
-    from etude.policy.scripted import ScriptedPolicy
-
     if "outputs" not in kw and "path" in kw:
         return ScriptedPolicy.from_file(kw.pop("path"), **kw)
     return ScriptedPolicy(kw.pop("outputs", []), **kw)
 
 
 def _openai(spec: str, **kw: Any) -> Policy:
-    from etude.policy.openai_http import OpenAIPolicy
-
     return OpenAIPolicy(**kw)
 
 
@@ -43,8 +42,6 @@ def _local(spec: str, **kw: Any) -> Policy:
 
 
 def _vllm(spec: str, **kw: Any) -> Policy:
-    from etude.policy.vllm_backend import VLLMPolicy, require_vllm
-
     require_vllm()  # one line naming the fix, before anything is loaded
     return VLLMPolicy(kw.pop("model", None) or "smollm2", **kw)
 
@@ -58,8 +55,6 @@ def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise EtudeError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend == "vllm":
-        from etude.policy.vllm_backend import require_vllm
-
         require_vllm()
 
 
