@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from etude.errors import EtudeError
+from etude.scale.moe import moe_blocks, tiny_moe
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,6 @@ class ShardedExperts(torch.nn.Module):
 
 def apply_expert_parallel(model: torch.nn.Module, layout: Layout) -> list[ShardedExperts]:
     """Replace every MoE block's experts by this rank's `ShardedExperts` slice."""
-    from etude.scale.moe import moe_blocks
-
     out = []
     for block in moe_blocks(model):
         if not hasattr(block.experts, "gate_up_proj"):
@@ -194,8 +193,6 @@ def apply_fsdp2(model: torch.nn.Module, layout: Layout, hsdp: bool = True) -> to
     """Expert parallelism (if `layout.ep > 1`), then `fully_shard` per decoder layer and at the root.
     `hsdp=False` shards dense weights over all ranks (plain FSDP) instead of within groups."""
     from torch.distributed.fsdp import fully_shard
-
-    from etude.scale.moe import moe_blocks
 
     mesh = layout.dense if hsdp else layout.flat
     if layout.ep > 1:
@@ -228,8 +225,6 @@ def _batch(cfg: ParallelConfig, world: int) -> torch.Tensor:
 
 def reference_step(cfg: ParallelConfig) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of one step in a single process on the concatenated batch."""
-    from etude.scale.moe import tiny_moe
-
     model = tiny_moe(cfg.arch, experts=cfg.experts, seed=cfg.seed).train()
     ids = _batch(cfg, cfg.world)
     loss = model(input_ids=ids, labels=ids).loss
@@ -250,8 +245,6 @@ def _full_grad(name: str, p: torch.nn.Parameter, layout: Layout) -> torch.Tensor
 def distributed_step(cfg: ParallelConfig, hsdp: bool = True) -> dict[str, Any]:
     """One forward/backward of the tiny MoE under the layout; compared with `reference_step`.
     Every rank returns the same figures."""
-    from etude.scale.moe import tiny_moe
-
     world, rank = dist.get_world_size(), dist.get_rank()
     if world != cfg.world:
         raise EtudeError(f"the config needs {cfg.world} ranks but {world} were launched")
