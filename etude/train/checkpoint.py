@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from etude.errors import EtudeError
+from etude.train.distributed import load_full_state_dict, shard_optimizer_state
 
 
 def ckpt_root(out: Path) -> Path:
@@ -112,8 +113,6 @@ def load_checkpoint(path: Path, learner: Any) -> dict[str, Any]:
     if opt_file.is_file():
         tensors = load_file(str(opt_file))
         if getattr(learner, "dist", None) is not None:  # full tensors → this rank's shards
-            from etude.train.distributed import shard_optimizer_state
-
             state_by_param = shard_optimizer_state(tensors, learner.params, learner.param_names, learner.model,
                                                    learner.dist)
             learner.opt.load_state_dict({"state": state_by_param, "param_groups": state["optimizer_param_groups"]})
@@ -138,8 +137,6 @@ def _load_weights(path: Path, learner: Any) -> None:
     for f in files:
         state.update(load_file(str(f)))
     if getattr(learner, "dist", None) is not None:  # a full state dict into this rank's shards
-        from etude.train.distributed import load_full_state_dict
-
         missing, unexpected = load_full_state_dict(learner.model, state, learner.dist)
     else:
         missing, unexpected = learner.model.load_state_dict(state, strict=False)
