@@ -24,7 +24,20 @@ from typing import Any
 import torch
 
 from etude.errors import EtudeError
+from etude.policy.models import load_model
+from etude.scale.lowp import apply_training_precision, check_precision
+from etude.scale.lowp import autocast_for as _autocast
+from etude.scale.moe import is_moe, replay_packed
 from etude.train.config import TrainConfig
+from etude.train.distributed import (
+    clip_grad_norm,
+    full_state_dict,
+    gather_objects,
+    max_over_ranks,
+    shard_model,
+    single_mesh,
+    split_groups,
+)
 from etude.train.losses import LossConfig, sample_loss
 
 
@@ -125,8 +138,6 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
     log-probs up to float rounding, fewer tokens. For an MoE model the sampling-time routes are
     replayed (etude.scale.moe), which needs the unshared layout, and the router's load-balancing
     loss is appended to `moe_stats`."""
-    from etude.scale.moe import is_moe
-
     dev = next(model.parameters()).device
     share_prefix = share_prefix and not is_moe(model)
     ids, pos, grp, br, keep, targets = _layout(samples, share_prefix)
@@ -148,8 +159,6 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
 
 
 def _routing(model: Any, samples: Sequence[Sample], stats: Any) -> contextlib.AbstractContextManager:
-    from etude.scale.moe import is_moe, replay_packed  # torch only; dense models take the null path
-
     if not is_moe(model):
         return contextlib.nullcontext()
     return replay_packed(model, [s.routes for s in samples], [s.length for s in samples], stats)
@@ -157,8 +166,6 @@ def _routing(model: Any, samples: Sequence[Sample], stats: Any) -> contextlib.Ab
 
 def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
     """The model to train (LoRA-wrapped if configured) and its tokenizer."""
-    from etude.policy.models import load_model
-
     model, tok = load_model(cfg.model)
     if cfg.lora.enabled:
         import peft
@@ -171,8 +178,6 @@ def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
 
 def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """See etude.scale.lowp.autocast_for (auto: bf16 on CUDA with bf16, else fp32)."""
-    from etude.scale.lowp import autocast_for as _autocast
-
     return _autocast(precision, device)
 
 
@@ -195,8 +200,6 @@ class Learner:
     process, a copy on rank 0 under FSDP2 (None on other ranks) that `publish_state` refreshes."""
 
     def __init__(self, cfg: TrainConfig, model: Any = None, tokenizer: Any = None, dist: Any = None):
-        from etude.scale.lowp import apply_training_precision, check_precision
-
         self.cfg, self.dist = cfg, dist
         dev = learner_device(cfg, dist)
         check_precision(cfg.precision, dev)
@@ -212,8 +215,6 @@ class Learner:
         if cfg.loss.kl_coef > 0 and not cfg.lora.enabled:
             self.ref = copy.deepcopy(model).eval().requires_grad_(False)  # LoRA uses disable_adapter()
         if dist is not None:
-            from etude.train.distributed import shard_model
-
             self.rollout_model = copy.deepcopy(model).eval() if dist.is_main else None
             if self.ref is not None:
                 shard_model(self.ref, dist, cfg.parallel.dp_replicate, cfg.parallel.ep)
@@ -230,8 +231,6 @@ class Learner:
                                      fused=False if per_param else (fused or None),
                                      foreach=False if per_param else None)
         self.updates = 0
-        from etude.scale.moe import is_moe  # MoE route replay needs every sample laid out in full
-
         self.share = cfg.share_prefix and not is_moe(model)
 
     @property
@@ -262,8 +261,6 @@ class Learner:
         rows = [[samples[i] for i in row] for row in pack(samples, self.cfg.micro_batch_tokens,
                                                            share_prefix=self.share)]
         if self.dist is not None:  # FSDP's collectives need the same number of forwards on every rank
-            from etude.train.distributed import max_over_ranks
-
             n = max_over_ranks(len(rows), self.dist)
             rows += [[_filler(samples)] for _ in range(n - len(rows))]
         self.model.train()
@@ -279,16 +276,12 @@ class Learner:
         dt = time.perf_counter() - t0
         rows_total = float(len(rows))
         if self.dist is not None:  # micro-batches of real samples, over all ranks
-            from etude.train.distributed import gather_objects
-
             rows_total = float(sum(gather_objects(sum(not r[0].pad for r in rows), self.dist)))
         stats.update(train_s=dt, train_tokens=float(tokens), train_tokens_per_s=tokens / max(dt, 1e-9),
                      micro_batches=rows_total)
         return stats
 
     def _my_share(self, samples: list[Sample]) -> list[Sample]:
-        from etude.train.distributed import split_groups
-
         keys = [tuple(s.prompt_ids) if self.share else i for i, s in enumerate(samples)]
         mine = split_groups([s.length for s in samples], keys, self.dist.world)[self.dist.rank]
         return [samples[i] for i in mine]
@@ -297,8 +290,6 @@ class Learner:
         self.opt.zero_grad(set_to_none=True)
         stats = self.backward(rows, prox, ref)
         if self.dist is not None:
-            from etude.train.distributed import clip_grad_norm
-
             grad_norm = clip_grad_norm(self.params, self.cfg.max_grad_norm, self.model, self.dist)
         else:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
@@ -339,8 +330,6 @@ class Learner:
             total_loss += float(loss.detach())
         n = sum(not s.pad for r in rows for s in r)
         if self.dist is not None:
-            from etude.train.distributed import gather_objects
-
             parts = gather_objects((acc, rejected, n, total_loss, moe_stats), self.dist)
             acc = {k: [v for p in parts for v in p[0][k]] for k in acc}
             rejected, n, total_loss = (sum(p[i] for p in parts) for i in (1, 2, 3))
@@ -356,8 +345,6 @@ class Learner:
         Under FSDP2 every rank must call it: the shards are gathered, rank 0 gets the full weights
         (and loads them into its `rollout_model`), the other ranks get {}."""
         if self.dist is not None:
-            from etude.train.distributed import full_state_dict
-
             full = full_state_dict(self.model, self.dist)
             if self.rollout_model is not None:
                 apply_state(self.rollout_model, full, lora=False)
@@ -380,8 +367,6 @@ def apply_state(model: Any, state: dict[str, torch.Tensor], lora: bool) -> None:
 
 
 def _single_mesh(params: Sequence[torch.Tensor]) -> bool:
-    from etude.train.distributed import single_mesh
-
     return single_mesh(params)
 
 
