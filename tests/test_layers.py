@@ -38,7 +38,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/train/__init__.py",
     "etude/train/cli.py",
     "etude/train/distributed.py",
-    "etude/train/rollout.py",
     "etude/train/sft_cli.py",
 })
 

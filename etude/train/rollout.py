@@ -23,8 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from etude.policy.local import LocalPolicy
+from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
 from etude.train.config import TrainConfig
 from etude.train.envs import make_env
+from etude.train.learner import apply_state, build_model
 from etude.types import Episode, Problem
 
 
@@ -87,8 +90,6 @@ class LocalExecutor:
         if getattr(pol, "model", None) is learner.model:
             pol.version = version  # same model object: nothing to copy
             return
-        from etude.policy.vllm_backend import engine_state
-
         t0 = time.perf_counter()
         pol.load_weights(engine_state(learner.model), version=version)
         self.sync_s = time.perf_counter() - t0
@@ -103,12 +104,8 @@ def rollout_policy(cfg: TrainConfig, learner: Any, version: int) -> Any:
     """The policy that samples rollouts and evaluations: the learner's own model
     (`rollout_backend = "hf"`) or a vLLM engine loaded with the learner's current weights
     (`"vllm"`; needs the vLLM environment, else one line naming `make setup-vllm`)."""
-    from etude.policy.local import LocalPolicy
-
     if cfg.rollout_backend == "hf":
         return LocalPolicy(learner.model, learner.tokenizer, id=cfg.model, version=version)
-    from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
-
     require_vllm("rollout_backend = \"vllm\"")
     pol = VLLMPolicy(cfg.model, id=cfg.model, version=version, dtype=cfg.vllm_dtype, seed=cfg.seed)
     pol.load_weights(engine_state(learner.model), version=version)  # a resumed learner's weights
@@ -121,9 +118,6 @@ class _RayWorkerImpl:
     def __init__(self, cfg_dict: dict[str, Any], name: str, threads: int):
         import torch
 
-        from etude.policy.local import LocalPolicy
-        from etude.train.learner import build_model
-
         torch.set_num_threads(max(1, threads))
         self.cfg = TrainConfig.from_dict(cfg_dict)
         model, tok = build_model(self.cfg)
@@ -132,8 +126,6 @@ class _RayWorkerImpl:
 
     def run(self, batch_id: int, version: int, weights: list[Any]) -> RolloutBatch:
         import ray
-
-        from etude.train.learner import apply_state
 
         pol = self.worker.policy
         if version != pol.version:  # pick up new weights between batches, never mid-episode
