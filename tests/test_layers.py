@@ -35,7 +35,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/loop/cycle.py",
     "etude/loop/metrics.py",
     "etude/policy/local.py",
-    "etude/train/cli.py",
     "etude/train/distributed.py",
     "etude/train/sft_cli.py",
 })

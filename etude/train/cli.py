@@ -10,6 +10,8 @@ import typer
 
 from etude.configfile import parse_set
 from etude.errors import EtudeError
+from etude.scale.lowp import check_precision
+from etude.train import distributed, load_config, train
 from etude.train.sft_cli import register_sft
 
 
@@ -26,8 +28,6 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm needs `make setup-vllm`).")] = None,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
-        from etude.train import load_config, train
-
         overrides = parse_set(set_ or [])
         if backend is not None:
             overrides["rollout_backend"] = backend
@@ -51,9 +51,6 @@ def register(app: typer.Typer) -> None:
 def _launch(cfg: Any, nproc: int) -> None:
     """`--nproc N`: check what can be checked once, then run this command on N ranks (torchrun)."""
     import sys
-
-    from etude.scale.lowp import check_precision
-    from etude.train import distributed
 
     if distributed.env_world_size() > 1:
         raise EtudeError("--nproc inside a torchrun launch: pass one or the other")
