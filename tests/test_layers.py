@@ -36,7 +36,6 @@ NOT_YET_HOISTED: frozenset[str] = frozenset({
     "etude/loop/metrics.py",
     "etude/policy/local.py",
     "etude/train/distributed.py",
-    "etude/train/sft_cli.py",
 })
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from etude.train.overrides import parse_set
+from etude.train.sft import load_sft_config, run_sft
 
 
 def register_sft(app: typer.Typer) -> None:
@@ -19,8 +20,6 @@ def register_sft(app: typer.Typer) -> None:
         set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set epochs=2 --set sources.self=0.5")] = None,
     ) -> None:
         """Supervised warm start on agent trajectories (expert, own successes, production); resumes from OUT."""
-        from etude.train.sft import load_sft_config, run_sft
-
         cfg = load_sft_config(config, parse_set(set_ or []))
         res = run_sft(cfg, out or Path("runs") / config.stem)
         print(json.dumps({k: res[k] for k in ("out", "final", "steps", "sequences", "trajectories", "resumed_from_step")}))
