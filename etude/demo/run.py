@@ -30,6 +30,17 @@ from typing import Any
 
 from rich.console import Console
 
+from etude.demo.report import write_report
+from etude.evals import CompareConfig, EvalConfig, compare, run_eval
+from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.loop import LoopConfig, run_cycle
+from etude.tasks import save_tasks
+from etude.tasks.curriculum import builtin_curriculum
+from etude.train import load_config, train
+from etude.train.checkpoint import latest_checkpoint
+from etude.train.metrics import read_metrics
+from etude.train.sft import load_sft_config, run_sft
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -115,9 +126,6 @@ class Demo:
 
     # -- stages
     def tasks(self) -> tuple[Any, str]:
-        from etude.tasks import save_tasks
-        from etude.tasks.curriculum import builtin_curriculum
-
         c = self.cfg
         ev = builtin_curriculum("test", 1, c.seed, c.eval_tasks)
         tr = builtin_curriculum("train", 1, c.seed, c.sft_tasks)
@@ -131,13 +139,9 @@ class Demo:
                 f"{len(pk['train'])} other packages")
 
     def _harness(self) -> Any:
-        from etude.train.sft import load_sft_config
-
         return load_sft_config(self.cfg.agent_config).harness_config()
 
     def evaluate(self, model: str, name: str) -> tuple[Any, str]:
-        from etude.evals import EvalConfig, run_eval
-
         h = replace(self._harness(), temperature=0.0)
         cfg = EvalConfig(workers=self.cfg.workers, harness=h, bootstrap=500)
         s = run_eval(self.out / "eval_slice.jsonl", model, self.out / name, cfg)
@@ -148,8 +152,6 @@ class Demo:
                    f"[95% CI {r['ci_low']:.0%}–{r['ci_high']:.0%}]{valid} ({Path(model).name})")
 
     def sft(self) -> tuple[Any, str]:
-        from etude.train.sft import load_sft_config, run_sft
-
         c = self.cfg
         cfg = load_sft_config(c.agent_config, {"model": c.model, "tasks": str(self.out / "train_slice.jsonl"),
                                                "epochs": c.sft_epochs, "seed": c.seed})
@@ -158,9 +160,6 @@ class Demo:
                      f"({res['train_tokens']} tokens), final loss {res['last'].get('loss', float('nan')):.3f}")
 
     def rl(self, start: str) -> tuple[Any, str]:
-        from etude.train import load_config, train
-        from etude.train.checkpoint import latest_checkpoint
-
         c = self.cfg
         cfg = load_config(c.rl_config, {
             "model": start, "steps": c.rl_steps, "prompts_per_step": c.prompts_per_step, "group_size": c.group_size,
@@ -176,9 +175,6 @@ class Demo:
                      f"{last.get('groups_skipped', 0)} flat group(s) skipped in the last step")
 
     def compare(self) -> tuple[Any, str]:
-        from etude.evals import CompareConfig, compare
-        from etude.evals.stats import mcnemar_exact, wilson_ci
-
         runs = {n: self.out / f"eval-{n}" for n in ("base", "sft", "rl") if (self.out / f"eval-{n}" / "results.jsonl").is_file()}
         res = {n: _outcomes(p) for n, p in runs.items()}
         ids = sorted(set.intersection(*(set(r) for r in res.values())))
@@ -203,17 +199,12 @@ class Demo:
         return {"heldout": table, "gate": gate}, "; ".join(parts + gains) + f"; gate {gate.get('gate')}"
 
     def cycle(self, production: str) -> tuple[Any, str]:
-        from etude.loop import LoopConfig, run_cycle
-
         lc = LoopConfig.from_toml(self.cfg.loop_config)
         lc = replace(lc, model=production, root=str(self.out / "loop"), db=None)
         rep = run_cycle(lc, cycle_dir=self.out / "loop" / "cycle-0001").to_dict()
         return rep, f"decision: {rep.get('decision')} ({rep.get('reason')})"
 
     def report(self, checkpoints: dict[str, str]) -> tuple[Any, str]:
-        from etude.demo.report import write_report
-        from etude.train.metrics import read_metrics
-
         recs = read_metrics(self.out / "rl") if (self.out / "rl").exists() else []
         sft_recs = read_metrics(self.out / "sft") if (self.out / "sft").exists() else []
         self.data["metrics"] = [r for r in recs if r.get("kind") != "eval"]
