@@ -45,6 +45,10 @@ import torch
 import torch.distributed as dist
 
 from etude.errors import EtudeError
+from etude.scale.moe import is_moe, tiny_moe
+from etude.scale.parallel import ShardedExperts, apply_fsdp2, build_mesh
+from etude.train.config import TrainConfig
+from etude.train.losses import token_weights
 
 TIMEOUT = datetime.timedelta(hours=2)  # ranks > 0 wait in a broadcast while rank 0 samples and evaluates
 
@@ -164,9 +168,6 @@ def abort(d: Dist | None) -> None:
 
 def shard_model(model: torch.nn.Module, d: Dist, dp_replicate: int, ep: int) -> torch.nn.Module:
     """FSDP2 (+ HSDP, + EP for MoE) over the world; the layout is kept on `d`."""
-    from etude.scale.moe import is_moe
-    from etude.scale.parallel import apply_fsdp2, build_mesh
-
     if d.world % dp_replicate:
         raise EtudeError(f"parallel.dp_replicate = {dp_replicate} does not divide the world size {d.world}")
     if ep > 1 and not is_moe(model):
@@ -197,8 +198,6 @@ def _tied(model: torch.nn.Module) -> bool:
 
 
 def _ep_names(model: torch.nn.Module) -> set[str]:
-    from etude.scale.parallel import ShardedExperts
-
     return {f"{n}.{p}" for n, m in model.named_modules() if isinstance(m, ShardedExperts)
             for p in ("gate_up_proj", "down_proj")}
 
@@ -367,9 +366,9 @@ def check_main(argv: Sequence[str] | None = None) -> None:
     import json
     import random
 
-    from etude.train.config import TrainConfig
+    # NOTE: stays here: learner imports this module at its top (sharding, clipping, gathers), so a
+    # top-level import of learner would be a module cycle; only this self-check needs the learner.
     from etude.train.learner import Learner, Sample
-    from etude.train.losses import token_weights
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -402,8 +401,6 @@ def check_main(argv: Sequence[str] | None = None) -> None:
                                  "parallel": {"dp_replicate": a.dp_replicate, "ep": a.ep}})
 
     def model() -> Any:
-        from etude.scale.moe import tiny_moe
-
         return tiny_moe(a.moe, experts=4, seed=0) if a.moe else None
 
     torch.manual_seed(0)
