@@ -175,6 +175,8 @@ class LocalPolicy:
                                   logprobs=tuple(lps), finish_reason=finish, policy_id=self.id,
                                   policy_version=self.version, latency_s=latency)
         if routes is not None:  # an MoE model: the routes go to the learner for replay
+            # NOTE: lazy on purpose (here and in _sample): etude.scale.moe imports torch, and this
+            # module is imported by serve.pool and policy without torch until a model is loaded.
             from etude.scale.moe import RoutedGeneration
 
             return RoutedGeneration(**kw, routes=routes)
