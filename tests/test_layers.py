@@ -22,6 +22,7 @@ ROOT = Path(etude.__file__).resolve().parent
 # Function-local etude imports that must stay so, file -> why. Keep it empty unless truly needed.
 LOCAL_IMPORT_ALLOWED: dict[str, str] = {
     "etude/serve/run.py": "etude.serve.app imports fastapi; `import etude.serve` (etude --help, keys, registry) must not",
+    "etude/demo/cli.py": "etude.demo.run imports train/evals/loop (torch, scipy); `etude demo --help` must not",
     "etude/policy/local.py": "etude.scale.moe imports torch; policy.local is imported (serve.pool, policy) before any model is",
 }
 
@@ -30,7 +31,6 @@ LOCAL_IMPORT_ALLOWED: dict[str, str] = {
 # Hoist a file's imports, then delete it here; the test fails if a file not listed gains a
 # function-local etude import, and if a listed one no longer has any (so the list only shrinks).
 NOT_YET_HOISTED: frozenset[str] = frozenset({
-    "etude/demo/cli.py",
     "etude/loop/config.py",
     "etude/loop/cycle.py",
     "etude/loop/metrics.py",

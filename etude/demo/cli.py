@@ -17,6 +17,8 @@ def register(app: typer.Typer) -> None:
         """The whole system on this machine: eval, sandbox RL, serving, scripted traffic, one real-time cycle, report."""
         from dataclasses import replace
 
+        # NOTE: lazy on purpose: etude.demo.run imports train, evals and loop (torch, scipy, libcst);
+        # `etude demo --help` must not load them.
         from etude.demo.run import QUICK, DemoConfig, run_demo
 
         cfg = QUICK if quick else DemoConfig()
