@@ -25,6 +25,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from etude.loop.distill import to_trajectory
+from etude.rewards.terms import asks_question, is_edit
+
 METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "clarification_rate",
            "edit_rate", "latency_s", "answer_length")
 EDIT_TOOLS = ("edit_file", "write_file")
@@ -33,9 +36,6 @@ ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> a
 
 def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str, Any]]:
     """One dict per interaction of the experiment: user, arm, and the per-interaction counts."""
-    from etude.loop.distill import to_trajectory
-    from etude.rewards.terms import asks_question, is_edit
-
     rows = store.interactions(org=org, experiment_id=experiment_id, with_messages=True)
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in store.feedback(org=org, interaction_ids=[r["id"] for r in rows]):
