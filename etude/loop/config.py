@@ -14,6 +14,8 @@ from typing import Any
 
 from etude.configfile import apply_overrides, build, read_toml
 from etude.errors import EtudeError
+from etude.experiments.power import plan, tau_rel_for
+from etude.loop.metrics import METRICS
 from etude.loop.population import UserModel
 
 
@@ -166,8 +168,6 @@ class CanarySection:
             raise EtudeError("[canary] weights must be two positive numbers (control, canary)")
         if self.rounds < 1 or not 1 <= self.min_rounds <= self.rounds:
             raise EtudeError("[canary] need 1 <= min_rounds <= rounds")
-        from etude.loop.metrics import METRICS
-
         bad = [m for m in (self.primary, *(g.metric for g in self.guardrails)) if m not in METRICS]
         if bad:
             raise EtudeError(f"[canary] unknown metric(s) {', '.join(bad)}; known: {', '.join(METRICS)}")
@@ -180,12 +180,8 @@ class CanarySection:
         """etude.experiments.power.ABPlan for the primary metric, or None without mde and user_cv."""
         if self.mde is None or self.user_cv is None:
             if self.mde is not None:
-                from etude.experiments.power import tau_rel_for
-
                 tau_rel_for(self.mde, self.alpha, self.power)
             return None
-        from etude.experiments.power import plan
-
         try:
             return plan(self.mde, self.user_cv, alpha=self.alpha, power=self.power, weights=self.weights)
         except EtudeError as e:
