@@ -44,14 +44,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etude.errors import EtudeError
+from etude.errors import EtudeError, NotFound
+from etude.evals import CompareConfig, EvalConfig, compare, run_eval
 from etude.evals.runner import resolve_suite
+from etude.experiments import ABConfig, Guardrail, analyze
+from etude.harness import HarnessConfig
 from etude.loop.config import LoopConfig
-from etude.loop.decision import gate_status, gated, inconclusive_reason
+from etude.loop.decision import decide, gate_status, gated, inconclusive_reason
+from etude.loop.distill import DistillConfig, distill
+from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 from etude.loop.population import make_population, repo_of
+from etude.loop.server import running_server
 from etude.loop.state import STAGES, CycleState
 from etude.loop.training import episodes_jsonl, export_merged, is_adapter, train_candidate
+from etude.loop.users import run_population
 from etude.serve import registry
+from etude.serve.config import ServeConfig
+from etude.serve.run import ensure_model
 from etude.store import open_store
 from etude.tasks import save_tasks
 
@@ -158,8 +167,6 @@ class _Cycle:
 
     def __init__(self, cfg: LoopConfig, cdir: Path, index: int, traffic: TrafficHook | None, stack: ExitStack,
                  progress: bool) -> None:
-        from etude.store import open_store
-
         self.cfg, self.dir, self.index, self.stack, self.show = cfg, cdir, index, stack, progress
         self.store = open_store(cfg.db_url())
         self.state = CycleState.load_or_create(cdir, index, cfg.to_dict())
@@ -170,14 +177,9 @@ class _Cycle:
 
     # -- plumbing
     def _ensure_production(self) -> None:
-        from etude.serve import registry
-
         if "production" not in self.state.data:
             prod = registry.production(self.store, self.cfg.org)
             if prod is None:
-                from etude.serve.config import ServeConfig
-                from etude.serve.run import ensure_model
-
                 prod = ensure_model(self.store, ServeConfig(model=self.cfg.model))
             self.state.data["production"] = {"name": prod.name, "path": prod.path, "version": prod.version}
             self.state.save()
@@ -191,8 +193,6 @@ class _Cycle:
 
     def server(self) -> str:
         if self._base_url is None:
-            from etude.loop.server import running_server
-
             h = self.stack.enter_context(running_server(
                 self.cfg.db_url(), model=self.cfg.model, threads=self.cfg.traffic.threads,
                 log_path=self.dir / "server.log"))
@@ -247,8 +247,6 @@ class _Cycle:
         self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions))
 
     def stage_distill(self) -> None:
-        from etude.loop.distill import DistillConfig, distill
-
         c = self.state.stage("collect")["outputs"]
         dc = DistillConfig(max_staleness=self.cfg.distill.max_staleness,
                            latency_budget_s=self.cfg.distill.latency_budget_s)
@@ -290,8 +288,6 @@ class _Cycle:
         return str(export_merged(path, base, Path(self.cfg.root) / "merged" / name))
 
     def stage_eval(self) -> None:
-        from etude.evals import CompareConfig, compare, run_eval
-
         ecfg = self._eval_config()
         suite = self.cfg.eval.suite
         if self.cfg.specialise:  # the org's own held-out tasks, from its repositories
@@ -320,18 +316,12 @@ class _Cycle:
         self.state.finish("eval", verdict=short)
 
     def _eval_config(self) -> Any:
-        from etude.evals import EvalConfig
-        from etude.harness import HarnessConfig
-
         e = self.cfg.eval
         return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=self.show,
                           harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
                                                 temperature=self.cfg.traffic.temperature))
 
     def stage_register(self) -> None:
-        from etude.errors import NotFound
-        from etude.serve import registry
-
         name = f"{self.cfg.name}-c{self.index:04d}"
         path = self.state.stage("train")["outputs"]["checkpoint"]
         try:
@@ -354,9 +344,6 @@ class _Cycle:
             self._skip_rest("register", f"eval gate {inconclusive_reason(gate)}", "rollback")
 
     def stage_canary(self) -> None:
-        from etude.loop.decision import decide
-        from etude.serve import registry
-
         c, out = self.cfg.canary, self.state.stage("canary")["outputs"]
         exp_id = f"{self.cfg.name}-canary-c{self.index:04d}"
         cand = self.state.stage("register")["outputs"]["checkpoint"]["name"]
@@ -378,9 +365,6 @@ class _Cycle:
         self.state.finish("canary", interactions=len(self.store.interactions(org=self.cfg.org, experiment_id=exp_id)))
 
     def _readout(self, exp_id: str) -> dict[str, Any]:
-        from etude.experiments import ABConfig, Guardrail, analyze
-        from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
-
         c = self.cfg.canary
         facts = interaction_facts(self.store, self.cfg.org, exp_id)
         rows = ab_rows(facts)
@@ -395,8 +379,6 @@ class _Cycle:
         return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
 
     def stage_readout(self) -> None:
-        from etude.loop.decision import decide
-
         exp_id = self.state.stage("canary")["outputs"]["experiment"]
         rd = self._readout(exp_id)
         _write_text(self.dir / "ab_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rd.pop("rows")))
@@ -411,8 +393,6 @@ class _Cycle:
         self.state.save()
 
     def stage_decide(self) -> None:
-        from etude.serve import registry
-
         out = self.state.stage("decide")["outputs"]
         decision, reason = out.get("planned", "skip"), out.get("planned_reason", "")
         cand = self.state.stage("register")["outputs"].get("checkpoint", {}).get("name")
@@ -431,8 +411,6 @@ class _Cycle:
 
 def _stop_experiment(store: Any, exp_id: str | None) -> None:
     """After a promotion the control arm's checkpoint is retired: the experiment must stop."""
-    from etude.serve import registry
-
     if exp_id and registry.get_experiment(store, exp_id).status == "active":
         registry.stop_experiment(store, exp_id)
 
@@ -441,8 +419,6 @@ def _stop_experiment(store: Any, exp_id: str | None) -> None:
 def _builtin_traffic(ctx: TrafficContext) -> Any:
     t = ctx.config.traffic
     if t.kind == "scripted":
-        from etude.loop.users import run_population
-
         cfg = ctx.config
         tasks = org_tasks(cfg)[0] if cfg.specialise else resolve_suite(t.tasks, t.max_tasks)
         users = make_population(tasks, t.users, seed=cfg.seed, model=cfg.users, prefix=f"{cfg.name}-user")
