@@ -82,7 +82,7 @@ def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
             "behaviour": behaviour({i: [recs[i]] for i in ids}),
             "errors": sum(1 for i in ids if recs[i].get("status") != "ok"),
             "stop_reasons": dict(Counter(e.get("stop_reason") for e in eff)),
-            "reward_mean": statistics.fmean(float(recs[i].get("reward", 0.0) or 0.0) for i in ids)}
+            "reward_mean": statistics.fmean(float((recs[i].get("reward") or {}).get("total", 0.0)) for i in ids)}
 
 
 def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
