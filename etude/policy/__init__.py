@@ -18,7 +18,6 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.policy.openai_http import OpenAIPolicy
 from etude.policy.scripted import ScriptedPolicy
-from etude.policy.vllm_backend import VLLMPolicy, require_vllm
 from etude.protocols import Policy
 
 
@@ -42,6 +41,10 @@ def _local(spec: str, **kw: Any) -> Policy:
 
 
 def _vllm(spec: str, **kw: Any) -> Policy:
+    # NOTE: lazy: etude.policy.vllm_backend imports etude.policy.local (and so torch's model code);
+    # `import etude.policy` must stay cheap (tests/harness/test_policies.py checks it).
+    from etude.policy.vllm_backend import VLLMPolicy, require_vllm
+
     require_vllm()  # one line naming the fix, before anything is loaded
     return VLLMPolicy(kw.pop("model", None) or "smollm2", **kw)
 
@@ -55,6 +58,8 @@ def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise EtudeError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend == "vllm":
+        from etude.policy.vllm_backend import require_vllm  # NOTE: lazy, see _vllm
+
         require_vllm()
 
 
