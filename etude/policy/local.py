@@ -72,13 +72,23 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int
     return list(ids)
 
 
+def end_of_turn_id(tokenizer: Any) -> int | None:
+    """The chat template's end-of-turn token (`<|im_end|>`), else the tokenizer's EOS."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if not isinstance(end, int) or end == tokenizer.unk_token_id:
+        return tokenizer.eos_token_id
+    return end
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """Tokens that end a sampled turn: EOS and the end-of-turn token (LocalPolicy and VLLMPolicy)."""
+    return sorted(i for i in {tokenizer.eos_token_id, end_of_turn_id(tokenizer)} if i is not None)
+
+
 def completion_ids(tokenizer: Any, message: Message) -> list[int]:
     """The ids a model samples for assistant `message`: its rendered content, then end-of-turn."""
     content = render_messages([message])[0]["content"]
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if not isinstance(end, int) or end == tokenizer.unk_token_id:
-        end = tokenizer.eos_token_id
-    return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end)]
+    return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end_of_turn_id(tokenizer))]
 
 
 class LocalPolicy:
@@ -112,11 +122,7 @@ class LocalPolicy:
 
     @property
     def stop_token_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
-            ids.add(im_end)
-        return sorted(i for i in ids if i is not None)
+        return stop_ids(self.tokenizer)
 
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))

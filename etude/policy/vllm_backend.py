@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.policy.local import _read_state, render_messages
+from etude.policy.local import _read_state, encode_conversation, stop_ids
 from etude.policy.models import resolve
 from etude.types import Generation, Message
 
@@ -150,24 +150,14 @@ class VLLMPolicy:
 
     @property
     def stop_token_ids(self) -> list[int]:
-        ids = {self.tokenizer.eos_token_id}
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != self.tokenizer.unk_token_id:
-            ids.add(im_end)
-        return sorted(i for i in ids if i is not None)
+        return stop_ids(self.tokenizer)
 
     def context_length(self) -> int:
         return self._limit
 
     def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the chat-templated conversation (exactly what LocalPolicy encodes)."""
-        if not messages:
-            raise EtudeError("cannot generate from an empty conversation")
-        ids = self.tokenizer.apply_chat_template(render_messages(messages), add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False)
-        if isinstance(ids, Mapping):
-            ids = ids["input_ids"]
-        return list(ids)
+        """Token ids of the chat-templated conversation (the one renderer LocalPolicy uses)."""
+        return encode_conversation(self.tokenizer, messages)
 
     def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
                  temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:

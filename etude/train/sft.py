@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etude.configfile import read_toml
+from etude.configfile import apply_overrides, read_toml
 from etude.envs import run_episode
 from etude.envs.expert import ExpertPolicy
 from etude.errors import EtudeError
@@ -128,18 +128,10 @@ class SFTConfig:
 
 
 def load_sft_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SFTConfig:
-
     p = Path(path)
     if not p.is_file():
         raise EtudeError(f"no config file at {p}")
-    data = read_toml(p, "sft config")
-    for key, val in (overrides or {}).items():
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = val
-    return sft_config_from_dict(data)
+    return sft_config_from_dict(apply_overrides(read_toml(p, "sft config"), overrides))
 
 
 def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
