@@ -40,6 +40,7 @@ from etude.errors import EtudeError
 from etude.types import Generation, Message
 
 from .models import load_model
+from .prefix import MIN_REUSE, PrefixCache, batch_cache, row_layers
 
 __all__ = ["LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
 
@@ -96,13 +97,16 @@ class LocalPolicy:
 
     native_tools = False
 
-    def __init__(self, model: Any, tokenizer: Any, *, id: str = "local", version: int = 0, top_p: float = 1.0):
+    def __init__(self, model: Any, tokenizer: Any, *, id: str = "local", version: int = 0, top_p: float = 1.0,
+                 prefix_cache_tokens: int = 65536):
         self.model = model
         self.tokenizer = tokenizer
         self.id = id
         self.version = version
         self.top_p = top_p  # default nucleus mass for every call; 1.0 = plain tempered softmax
         self._lock = threading.Lock()
+        # Turn k+1 of a conversation reuses turn k's KV (etude.policy.prefix); 0 switches it off.
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens > 0 else None
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         tokenizer.padding_side = "left"
@@ -206,6 +210,9 @@ class LocalPolicy:
             attn[r, width - len(p):] = 1
         moe = is_moe(self.model)  # MoE: record router choices for replay in training (etude.scale.moe)
         cache = None
+        reuse = self.prefix_cache is not None and n == 1 and not moe
+        if reuse:
+            cache = self._reuse(prompts, width)
         if n > 1 and width > 1 and not moe:
             cache = self._prefill(input_ids[:, :-1], attn[:, :-1])
             cache.batch_repeat_interleave(n)
@@ -233,8 +240,26 @@ class LocalPolicy:
         chosen = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, new[:, t, None]).squeeze(-1)
                               for t, sc in enumerate(res.scores)], dim=1).cpu()
         rows = [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
+        if reuse and res.cache is not None:
+            fed = len(res.scores) - 1  # the last sampled token was never fed back
+            for r, (ids, _, _) in enumerate(rows):
+                m = min(len(ids), fed)
+                self.prefix_cache.put(prompts[r] + ids[:m], self.version,
+                                      row_layers(res.cache, r, width - len(prompts[r]), width + m))
         routes = routes_for_rows(rec, width, [len(p) for p in prompts], [len(r[0]) for r in rows]) if moe else None
         return [(*row, routes[r] if routes else None) for r, row in enumerate(rows)]
+
+    def _reuse(self, prompts: list[list[int]], width: int) -> Any:
+        """A cache of what earlier calls already computed for these prompts, or None."""
+        pc = self.prefix_cache
+        rows = [pc.lookup(p, self.version) for p in prompts]
+        cache, cached = None, 0
+        if any(k >= MIN_REUSE for _, k in rows):
+            cache, cached = batch_cache(self.model.config, rows, [len(p) for p in prompts], width)
+        pc.hits += cache is not None
+        pc.reused_tokens += sum(max(0, len(p) - (width - cached)) for p in prompts) if cache is not None else 0
+        pc.fed_tokens += len(prompts) * (width - cached) if cache is not None else sum(map(len, prompts))
+        return cache
 
     def _prefill(self, input_ids: Any, attn: Any) -> Any:
         """The KV cache of left-padded prompts (all but their last token, which `generate` feeds)."""
