@@ -27,6 +27,10 @@ from etude.tasks.runner import task_sandbox_config
 from etude.types import Outcome, Task, Trajectory
 
 MAX_COMMAND_S = 120.0  # no command of an agent's episode runs longer, whatever the task allows
+# How the agent is told to run a task's tests. `-o addopts=` drops the package's own pytest options,
+# which often name plugins the task's environment does not have (parse's `--cov=...` makes a bare
+# `python -m pytest` exit with a usage error); the grader runs the same way (tasks.runner).
+TEST_COMMAND = "python -m pytest -o addopts="
 
 
 def task_request(task: Task) -> str:
@@ -35,7 +39,7 @@ def task_request(task: Task) -> str:
     return (
         f"{task.problem_statement.strip()}\n\n"
         "The repository is checked out at /workspace (your tools' paths are relative to it). "
-        "Run its tests with `python -m pytest`. Change the library code, not the tests, then submit."
+        f"Run its tests with `{TEST_COMMAND}`. Change the library code, not the tests, then submit."
     )
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from etude.envs.episode import TEST_COMMAND
 from etude.harness.prompt import render_tool_calls_text
 from etude.types import Generation, Message, Task, ToolCall
 
@@ -154,7 +155,7 @@ class ExpertPolicy:
             raise ValueError("the bug is not inside a known function")
         test = t.FAIL_TO_PASS[0].split("[", 1)[0] if t.FAIL_TO_PASS else ""
         leaf = func.split(".")[-1]
-        run = ToolCall("", "run_terminal", {"command": f"python -m pytest -q -x --tb=short {test}"})
+        run = ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q -x --tb=short {test}"})
         grep = ToolCall("", "grep", {"pattern": f"def {leaf}\\b", "path": hunk.path})
         roll = rng.random()
         if semantic and roll < 0.15:
@@ -174,7 +175,7 @@ class ExpertPolicy:
         fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
         plan: list[list[ToolCall] | str] = [locate, reads, fix]
         if test and rng.random() < 0.8:
-            plan.append([ToolCall("", "run_terminal", {"command": f"python -m pytest -q {test}"})])
+            plan.append([ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})])
         answer = rng.choice(ANSWERS).format(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
                                             new=" ".join((hunk.new or [""])[0].split()), test=test or "the test")
         plan.append([ToolCall("", "submit", {"message": answer})] if rng.random() < 0.3 else answer)
