@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.evals import EvalConfig, run_eval
+from etude.evals.records import resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
@@ -49,17 +50,9 @@ def log(msg: str) -> None:
     print(f"[agent_learning {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def outcomes(run: Path) -> dict[str, int]:
-    out = {}
-    for ln in (run / "results.jsonl").read_text().splitlines():
-        r = json.loads(ln)
-        out[r["instance_id"]] = int(bool(r.get("resolved"))) if r.get("status") == "ok" else 0
-    return out
-
-
 def stage_figures(run: Path) -> dict[str, Any]:
     s = json.loads((run / "summary.json").read_text())
-    res = outcomes(run)
+    res = resolved_by_task(run)
     k, n = sum(res.values()), len(res)
     lo, hi = wilson_ci(k, n)
     return {"resolved": k, "tasks": n, "resolved_rate": k / n if n else None, "ci95": [lo, hi],
@@ -86,7 +79,7 @@ def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
 
 
 def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
-    ra, rb = outcomes(a), outcomes(b)
+    ra, rb = resolved_by_task(a), resolved_by_task(b)
     ids = sorted(set(ra) & set(rb) & set(only if only is not None else ra))
     x, y = [ra[i] for i in ids], [rb[i] for i in ids]
     return {"tasks": len(ids), "gain_points": (sum(y) - sum(x)) / max(1, len(ids)),
@@ -164,6 +157,8 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--eval-temperature", type=float, default=0.0,
+                    help="sampling temperature of the held-out evaluations (0 = greedy, pass@1)")
     ap.add_argument("--skip-rl", action="store_true")
     ap.add_argument("--analyse-only", action="store_true",
                     help="run nothing: read the stages' results under --work and analyse the held-out tasks that "
@@ -184,7 +179,8 @@ def main() -> None:
     test = split["test"][: args.test_max] if args.test_max else split["test"]
     sft_cfg = load_sft_config(args.sft_config, {"model": args.model, **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
                                                 **({"epochs": args.sft_epochs} if args.sft_epochs else {})})
-    hc = sft_cfg.harness_config()  # every stage is evaluated with the harness SFT trains on
+    # Every stage is evaluated with the harness SFT trains on, greedy by default (pass@1).
+    hc = sft_cfg.harness_config().replace(temperature=args.eval_temperature)
 
     stages: dict[str, Any] = {}
     log(f"base eval on {len(test)} held-out tasks")

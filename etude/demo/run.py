@@ -22,7 +22,6 @@ what it shows); the default uses SmolLM2-135M-Instruct on CPU.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +31,7 @@ from rich.console import Console
 
 from etude.demo.report import write_report
 from etude.evals import CompareConfig, EvalConfig, compare, run_eval
+from etude.evals.records import resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
 from etude.loop import LoopConfig, run_cycle
 from etude.tasks import save_tasks
@@ -77,16 +77,6 @@ def _jsonable(x: Any) -> Any:
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         x = dataclasses.asdict(x)
     return json.loads(json.dumps(x, default=str))
-
-
-def _wilson(k: int, n: int) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    z, p = 1.96, k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, c - h), min(1.0, c + h))
 
 
 class Demo:
@@ -176,7 +166,7 @@ class Demo:
 
     def compare(self) -> tuple[Any, str]:
         runs = {n: self.out / f"eval-{n}" for n in ("base", "sft", "rl") if (self.out / f"eval-{n}" / "results.jsonl").is_file()}
-        res = {n: _outcomes(p) for n, p in runs.items()}
+        res = {n: resolved_by_task(p) for n, p in runs.items()}
         ids = sorted(set.intersection(*(set(r) for r in res.values())))
         table: dict[str, Any] = {}
         for n, r in res.items():
@@ -245,7 +235,7 @@ class Demo:
         final = next((n for n in ("rl", "sft") if (self.out / f"eval-{n}" / "results.jsonl").is_file()), None)
         if final is None or not (self.out / "eval-base" / "results.jsonl").is_file():
             return None
-        trained, base = _outcomes(self.out / f"eval-{final}"), _outcomes(self.out / "eval-base")
+        trained, base = resolved_by_task(self.out / f"eval-{final}"), resolved_by_task(self.out / "eval-base")
         ids = sorted(set(trained) & set(base), key=lambda i: (-trained[i], i))
         if not ids:
             return None
@@ -257,16 +247,8 @@ class Demo:
     @staticmethod
     def _eval_point(r: dict[str, Any]) -> dict[str, Any]:
         k, n = int(r.get("eval/successes", 0)), int(r.get("eval/n", 0))
-        lo, hi = _wilson(k, n)
+        lo, hi = wilson_ci(k, n)
         return {"step": r["step"], "success": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
-
-
-def _outcomes(run: Path) -> dict[str, int]:
-    out = {}
-    for ln in (run / "results.jsonl").read_text().splitlines():
-        r = json.loads(ln)
-        out[r["instance_id"]] = int(bool(r.get("resolved"))) if r.get("status") == "ok" else 0
-    return out
 
 
 def _transcript(run: Path, task_id: str, limit: int = 900) -> str:

@@ -40,6 +40,13 @@ def read_records(path: Path) -> dict[Key, dict[str, Any]]:
     return out
 
 
+def resolved_by_task(run: Path) -> dict[str, int]:
+    """1 or 0 per instance id of an eval run's first sample (an errored episode counts as not
+    resolved): the paired outcomes that McNemar's test and the demo compare."""
+    return {iid: int(bool(r.get("resolved")) and r.get("status") == "ok")
+            for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
+
+
 class ResultsWriter:
     """Appends records to results.jsonl; thread-safe; each append is durable when it returns."""
 
