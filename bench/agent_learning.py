@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from etude.configfile import parse_set
 from etude.evals import EvalConfig, run_eval
 from etude.evals.records import resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
@@ -160,6 +161,8 @@ def main() -> None:
     ap.add_argument("--eval-temperature", type=float, default=0.0,
                     help="sampling temperature of the held-out evaluations (0 = greedy, pass@1)")
     ap.add_argument("--skip-rl", action="store_true")
+    ap.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the RL config (as `etude train --set`), e.g. eval_problems=8")
     ap.add_argument("--analyse-only", action="store_true",
                     help="run nothing: read the stages' results under --work and analyse the held-out tasks that "
                          "every stage finished (for a run stopped before the whole split)")
@@ -198,7 +201,7 @@ def main() -> None:
     rl_dir = None
     if not args.skip_rl:
         log("rl")
-        over: dict[str, Any] = {"model": sft["final"]}
+        over: dict[str, Any] = {"model": sft["final"], **parse_set(args.rl_set)}
         if args.rl_steps:
             over["steps"] = args.rl_steps
         rl_cfg = load_config(args.rl_config, over)

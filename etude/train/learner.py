@@ -56,18 +56,58 @@ class Sample:
         return len(self.prompt_ids) + len(self.completion_ids)
 
 
+def _chains(samples: Sequence[Sample]) -> list[list[int]]:
+    """Runs of consecutive samples where each one's prompt starts with the previous one's prompt
+    and completion: the turns of one multi-turn episode, in order (turn k+1's prompt is turn k's
+    conversation plus the reply and the tools' output). A lone sample is a run of one."""
+    runs: list[list[int]] = []
+    for i, s in enumerate(samples):
+        if runs:
+            prev = samples[runs[-1][-1]]
+            n = len(prev.prompt_ids)
+            if (len(s.prompt_ids) >= prev.length and s.prompt_ids[:n] == prev.prompt_ids
+                    and s.prompt_ids[n:prev.length] == prev.completion_ids):
+                runs[-1].append(i)
+                continue
+        runs.append([i])
+    return runs
+
+
+def _units(samples: Sequence[Sample], share_prefix: bool) -> list[list[int]]:
+    """The layout units of a batch. With sharing: a multi-turn episode (a chain, `_chains`) is one
+    unit laid out as its last turn's sequence; other samples with the same prompt (a GRPO group's
+    single-turn answers) form one unit sharing that prompt. Without: one unit per sample."""
+    if not share_prefix:
+        return [[i] for i in range(len(samples))]
+    units: list[list[int]] = []
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for run in _chains(samples):
+        if len(run) > 1:
+            units.append(run)
+        else:
+            groups.setdefault(tuple(samples[run[0]].prompt_ids), []).append(run[0])
+    return units + list(groups.values())
+
+
+def _is_chain(samples: Sequence[Sample], unit: list[int]) -> bool:
+    return len(unit) > 1 and len(samples[unit[1]].prompt_ids) >= samples[unit[0]].length
+
+
 def pack(samples: Sequence[Sample], budget: int, *, share_prefix: bool = False) -> list[list[int]]:
     """Indices of samples grouped into rows of ≤ `budget` tokens (first-fit decreasing).
 
-    share_prefix: samples with the same prompt (a GRPO group) form one unit that costs its prompt
-    once plus every completion (what `packed_logprobs` lays out); a unit over budget is split
-    into chunks that each repeat the prompt."""
+    share_prefix: the units of `_units` — a multi-turn episode costs its last turn's length (every
+    earlier turn is a prefix of it); samples with the same prompt cost the prompt once plus every
+    completion, and a group over budget is split into chunks that each repeat the prompt. A unit
+    that alone exceeds the budget gets a row of its own."""
     units: list[tuple[int, list[int]]] = []  # (cost, sample indices)
-    if share_prefix:
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, s in enumerate(samples):
-            groups.setdefault(tuple(s.prompt_ids), []).append(i)
-        for prompt, members in groups.items():
+    for members in _units(samples, share_prefix):
+        if not share_prefix:
+            units.append((samples[members[0]].length, members))
+        elif _is_chain(samples, members):
+            units.append((samples[members[-1]].length, members))
+        else:
+            prompt = samples[members[0]].prompt_ids
             chunk, cost = [], len(prompt)
             for i in members:
                 c = len(samples[i].completion_ids)
@@ -77,8 +117,6 @@ def pack(samples: Sequence[Sample], budget: int, *, share_prefix: bool = False) 
                 chunk.append(i)
                 cost += c
             units.append((cost, chunk))
-    else:
-        units = [(s.length, [i]) for i, s in enumerate(samples)]
     units.sort(key=lambda u: -u[0])
     rows: list[list[int]] = []
     room: list[int] = []
@@ -103,16 +141,27 @@ def _layout(samples: Sequence[Sample], share_prefix: bool) -> tuple[list[int], l
     sharing, samples of one prompt become a tree: the prompt once, then each completion as a
     branch that sees the prompt and its own earlier tokens only, with positions continuing from
     the prompt, so every completion token is predicted from exactly the context it was sampled in.
+    The turns of a multi-turn episode (a chain) are one causal sequence, the last turn's prompt
+    and completion: each earlier turn's completion sits inside it at its own offset and sees
+    exactly the conversation it was sampled after (one forward instead of one per turn).
     """
     ids, pos, grp, br, keep = [], [], [], [], []
     targets: list[int] = []
-    order: dict[tuple[int, ...], list[int]] = {}
-    for i, s in enumerate(samples):
-        order.setdefault(tuple(s.prompt_ids) if share_prefix else (i,), []).append(i)
     where: dict[int, list[int]] = {}
-    for g, members in enumerate(order.values()):  # unshared: every group is one sample
-        prompt = samples[members[0]].prompt_ids
+    for g, members in enumerate(_units(samples, share_prefix)):
         p0 = len(ids)
+        if share_prefix and _is_chain(samples, members):
+            last = samples[members[-1]]
+            seq = last.prompt_ids + last.completion_ids
+            ids += seq
+            pos += list(range(len(seq)))
+            grp += [g] * len(seq)
+            br += [-1] * len(seq)
+            for i in members:
+                P, T = len(samples[i].prompt_ids), len(samples[i].completion_ids)
+                where[i] = list(range(p0 + P - 1, p0 + P + T - 1))
+            continue
+        prompt = samples[members[0]].prompt_ids  # unshared: every group is one sample
         ids += prompt
         pos += list(range(len(prompt)))
         grp += [g] * len(prompt)
@@ -144,7 +193,9 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
     L = len(ids)
     grp_t, br_t = torch.tensor(grp, device=dev), torch.tensor(br, device=dev)
     mask = None
-    if len(samples) > 1:  # NOTE: a lone sample is plain causal: no mask lets attention use the fused kernel
+    # NOTE: one group without branches (a lone sample, one episode's chain) is plain causal: no
+    # mask lets attention use the fused kernel
+    if len(set(grp)) > 1 or len({b for b in br if b >= 0}) > 1:
         mask = (torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (grp_t[:, None] == grp_t[None, :])
                 & ((br_t[None, :] == -1) | (br_t[:, None] == br_t[None, :])))[None, None]
     # NOTE: logits_to_keep with index tensor: the vocabulary projection (most of a small model's
@@ -277,8 +328,10 @@ class Learner:
         rows_total = float(len(rows))
         if self.dist is not None:  # micro-batches of real samples, over all ranks
             rows_total = float(sum(gather_objects(sum(not r[0].pad for r in rows), self.dist)))
+        # tokens the forwards actually ran (shared prompts and episode chains counted once)
+        laid = sum(len(_layout(r, self.share)[0]) for r in rows if not r[0].pad)
         stats.update(train_s=dt, train_tokens=float(tokens), train_tokens_per_s=tokens / max(dt, 1e-9),
-                     micro_batches=rows_total)
+                     micro_batches=rows_total, forward_tokens=float(laid))
         return stats
 
     def _my_share(self, samples: list[Sample]) -> list[Sample]:

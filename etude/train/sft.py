@@ -546,6 +546,18 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
     return pools
 
 
+def _finished(cfg: SFTConfig, out: Path) -> dict[str, Any] | None:
+    """The summary of a finished run of this very config in `out` (its final model present)."""
+    try:
+        same = json.loads((out / "config.json").read_text()) == json.loads(json.dumps(cfg.to_dict()))
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not same or not (out / "final" / "config.json").is_file():
+        return None
+    return {**summary, "resumed_from_step": summary["steps"]}
+
+
 def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> dict[str, Any]:
     """Gather, tokenise, train (or resume) and export; returns a summary (also OUT/summary.json)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -554,6 +566,8 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
     hf_logging.disable_progress_bar()  # one progress display (ours), not one per shard save
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if (done := _finished(cfg, out)) is not None:
+        return done  # the same run, already finished: nothing to gather, train or export again
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     t0 = time.time()
     cols = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

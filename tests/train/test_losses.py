@@ -180,3 +180,56 @@ def test_packing_counts_a_shared_prompt_once():
     # a group over budget is split into chunks that each repeat the prompt, never lost
     small = pack(ss, budget=p0 + 6, share_prefix=True)
     assert sorted(i for r in small for i in r) == list(range(8)) and len(small) > len(rows)
+
+
+def _episode(turns: int, seed: int) -> list[Sample]:
+    """One multi-turn episode's samples: turn k+1's prompt is turn k's prompt + reply + tool output."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(100, 2000) for _ in range(rng.randint(4, 9))]
+    out = []
+    for _ in range(turns):
+        c = [rng.randrange(100, 2000) for _ in range(rng.randint(1, 5))]
+        out.append(Sample(list(prompt), c, [-2.0] * len(c), advantage=0.7))
+        prompt = prompt + c + [rng.randrange(100, 2000) for _ in range(rng.randint(1, 6))]
+    return out
+
+
+def test_an_episode_is_one_sequence_and_changes_no_logprob(tiny_learner):
+    from etude.train.learner import _layout
+
+    ss = _episode(4, 1) + _grouped(1, 3, seed=5) + _episode(3, 2)
+    ids, _, grp, _, _, _ = _layout(ss, True)
+    assert len(set(grp)) == 3  # two episodes (one sequence each) and one shared-prompt group
+    assert len(ids) < sum(s.length for s in ss)
+    shared = packed_logprobs(tiny_learner.model, ss, 1.0, share_prefix=True)
+    alone = [packed_logprobs(tiny_learner.model, [s], 1.0)[0] for s in ss]
+    for a, b in zip(alone, shared, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+    # one episode alone in a row: every turn from one causal forward
+    ep = _episode(3, 7)
+    for a, b in zip([packed_logprobs(tiny_learner.model, [s], 1.0)[0] for s in ep],
+                    packed_logprobs(tiny_learner.model, ep, 1.0, share_prefix=True), strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_an_episode_gives_the_same_gradient_and_costs_its_last_turn(tiny_learner):
+    from etude.train.learner import _units
+
+    ss = _episode(4, 3)
+    rows = pack(ss, budget=ss[-1].length, share_prefix=True)
+    assert rows == [[0, 1, 2, 3]]  # the whole episode fits in its last turn's length
+    assert len(pack(ss, budget=ss[-1].length, share_prefix=False)) > 1
+    # a reply re-tokenised differently in the next prompt ends the chain there (still exact, less shared)
+    p = list(ss[2].prompt_ids)
+    p[len(ss[1].prompt_ids)] += 1
+    assert _units(ss[:2] + [Sample(p, ss[2].completion_ids, ss[2].behav_logprobs, 0.7)], True) == [[0, 1], [2]]
+    tiny_learner.share = True
+    g_shared = _grads(tiny_learner, [ss])
+    tiny_learner.share = False
+    try:
+        g_full = _grads(tiny_learner, [ss])
+    finally:
+        tiny_learner.share = True
+    assert any(g.abs().sum() > 0 for g in g_full)
+    for a, b in zip(g_shared, g_full, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-4)
