@@ -37,7 +37,7 @@ from etude.evals.records import resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
-from etude.tasks.curriculum import builtin_curriculum, members
+from etude.tasks.curriculum import build, builtin_curriculum, members
 from etude.train import load_config, train
 from etude.train.checkpoint import latest_checkpoint
 from etude.train.metrics import read_metrics
@@ -161,6 +161,10 @@ def main() -> None:
     ap.add_argument("--eval-temperature", type=float, default=0.0,
                     help="sampling temperature of the held-out evaluations (0 = greedy, pass@1)")
     ap.add_argument("--skip-rl", action="store_true")
+    ap.add_argument("--no-split", default="munch==4.0.0,pyhumps==3.8.0,ordered-set==4.1.0",
+                    help="packages in no split of the built-in curriculum: every stage is also evaluated on "
+                         "their level-1 tasks ('' to skip)")
+    ap.add_argument("--no-split-max", type=int, default=24)
     ap.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the RL config (as `etude train --set`), e.g. eval_problems=8")
     ap.add_argument("--analyse-only", action="store_true",
@@ -220,6 +224,24 @@ def main() -> None:
                                  "reward_by_step": [r["reward"] for r in tr],
                                  "alarms": sum(1 for r in read_metrics(rl_dir) if r.get("alarm/reward_up_val_down"))}
 
+    no_split: dict[str, Any] = {}
+    if args.no_split:
+        specs = [x.strip() for x in args.no_split.split(",") if x.strip()]
+        clash = {x.split("==")[0] for x in specs} & {m.spec.split("==")[0] for s_ in ("train", "validation", "test")
+                                                      for m in members(s_)}
+        if clash:
+            raise SystemExit(f"--no-split names packages of the built-in split: {sorted(clash)}")
+        extra = build(specs, 1, args.no_split_max)
+        models = {"base": args.model, "sft": sft["final"], **({"rl": stages["rl"]["checkpoint"]} if "rl" in stages else {})}
+        for name, m in models.items():
+            log(f"no-split eval: {name}")
+            walls[f"no_split_{name}_eval_s"] = evaluate(extra, m, work / f"nosplit-{name}", hc, args.workers)
+            no_split[name] = stage_figures(work / f"nosplit-{name}")
+        no_split["packages"] = specs
+        no_split["sft_vs_base"] = paired(work / "nosplit-base", work / "nosplit-sft")
+        if "rl" in models:
+            no_split["rl_vs_sft"] = paired(work / "nosplit-sft", work / "nosplit-rl")
+
     log("curriculum: the whole train and validation splits (for the record)")
     ts = time.time()
     split.update({s: builtin_curriculum(s, 1) for s in ("train", "validation")})
@@ -233,6 +255,7 @@ def main() -> None:
         "valid_call_rate_sft>=0.95": (b.get("valid_call_rate") or {}).get("mean") is not None
         and b["valid_call_rate"]["mean"] >= TARGETS["valid_call_rate_sft"],
         "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
+        "held_out>=100": len(test) >= 100,
     }
     if "rl" in stages:
         c = comparisons["rl_vs_sft"]
@@ -249,7 +272,8 @@ def main() -> None:
         "held_out_tasks": len(test), "split_members": {s: [m.spec for m in members(s)] for s in split},
         "harness": hc.to_dict(), "sft": {k: sft[k] for k in ("steps", "sequences", "trajectories", "train_tokens",
                                                              "loss_tokens", "gather_s", "train_s", "final")},
-        "stages": stages, "comparisons": comparisons, "targets": TARGETS, "targets_met": met, "wall_s": walls,
+        "stages": stages, "comparisons": comparisons, "no_split": no_split, "targets": TARGETS, "targets_met": met,
+        "wall_s": walls,
     }
     result["plots"] = plots(Path(args.out).with_suffix(""), stages, work / "sft", rl_dir)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
