@@ -91,7 +91,9 @@ def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
 
 def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int) -> float:
     t0 = time.time()
-    cfg = EvalConfig(workers=workers, harness=hc, report=False, progress=True, bootstrap=500)
+    # threads: every stage on the same executor (Ray adds actor hops and runs fewer episodes per
+    # second on 2 cores, bench/ray_episodes.py)
+    cfg = EvalConfig(workers=workers, executor="threads", harness=hc, report=False, progress=True, bootstrap=500)
     run_eval(tasks, model, out, cfg)
     return time.time() - t0
 

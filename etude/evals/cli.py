@@ -35,6 +35,8 @@ def eval_cmd(
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder (an existing run there is resumed).")] = None,
     workers: Annotated[int, typer.Option(help="Episodes at once.")] = 2,
+    executor: Annotated[str, typer.Option("--executor", help="ray (each episode a Ray task, the model in one actor) or threads (in this process).")] = "ray",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="Ray cluster HOST:PORT (`ray start --head`); default: a local Ray for this run.")] = None,
     samples: Annotated[int, typer.Option(help="Episodes per task (pass@k for k up to this).")] = 1,
     max_tasks: Annotated[int | None, typer.Option(help="Only the first N tasks.")] = None,
     max_steps: Annotated[int, typer.Option(help="Turns per episode.")] = 30,
@@ -56,8 +58,11 @@ def eval_cmd(
             harness = HarnessConfig(**table)
         except TypeError as e:
             raise EtudeError(f"bad [harness] in {agent_config}: {e}") from None
-    cfg = EvalConfig(workers=workers, samples=samples, max_tasks=max_tasks, max_steps=max_steps,
-                     model_name=model_name, backend=backend, report=report, harness=harness)  # fmt: skip
+    if ray_address and executor != "ray":
+        raise EtudeError("--ray-address needs --executor ray")
+    cfg = EvalConfig(workers=workers, executor=executor, ray_address=ray_address, samples=samples, max_tasks=max_tasks,
+                     max_steps=max_steps, model_name=model_name, backend=backend, report=report,
+                     harness=harness)  # fmt: skip
     print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
 
 

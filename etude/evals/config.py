@@ -22,7 +22,16 @@ class EvalConfig:
     """How one evaluation run is done. The harness and reward configs are the components' own."""
 
     workers: int = 2
-    """Tasks run at once (threads; each episode has its own sandboxed workspace)."""
+    """Episodes in flight at once (each has its own sandboxed workspace)."""
+    executor: str = "ray"
+    """Where episodes run: "ray" (each episode a Ray task, the policy in one Ray actor; see
+    etude.evals.raypool) or "threads" (a thread pool in this process, the policy in-process)."""
+    ray_address: str | None = None
+    """Ray cluster to join ("HOST:PORT" of `ray start --head`, or "auto"); None starts a local Ray
+    for the run (and stops it after). A Ray this process already joined is used as it is."""
+    ray_task_cpus: float = 0.25
+    """CPUs Ray reserves per episode task: below 1 so several episodes share a core (an episode
+    mostly waits on the model or on its sandboxed commands)."""
     samples: int = 1
     """Episodes per task (k); pass@k is reported for every k from 1 to this."""
     max_tasks: int | None = None
@@ -58,6 +67,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.workers < 1 or self.samples < 1:
             raise EtudeError("workers and samples must be at least 1")
+        if self.executor not in ("ray", "threads"):
+            raise EtudeError(f"executor must be ray or threads, not {self.executor!r}")
+        if not 0 < self.ray_task_cpus <= 64:
+            raise EtudeError(f"ray_task_cpus must be in (0, 64], not {self.ray_task_cpus}")
         if self.backend not in ("hf", "vllm"):
             raise EtudeError(f"backend must be hf or vllm, not {self.backend!r}")
         if not 0.5 <= self.confidence < 1:

@@ -79,3 +79,10 @@ def _cut_partial_tail(path: Path) -> None:
         f.truncate(data.rfind(b"\n") + 1)
         f.flush()
         os.fsync(f.fileno())
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one rename: a reader sees the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

@@ -36,13 +36,14 @@ def suite(isodate_tasks, tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle_run(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("oracle")
-    return out, run_eval(suite, "oracle", out, EvalConfig(workers=2, progress=False))
+    return out, run_eval(suite, "oracle", out, EvalConfig(workers=2, executor="threads", progress=False))
 
 
 @pytest.fixture(scope="module")
 def noop_run(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("noop")
-    return out, run_eval(suite, "noop", out, EvalConfig(workers=2, progress=False, report=False))
+    cfg = EvalConfig(workers=2, executor="threads", progress=False, report=False)
+    return out, run_eval(suite, "noop", out, cfg)
 
 
 def _lines(path: Path) -> list[str]:
@@ -120,7 +121,7 @@ def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path)
     script.write_text(json.dumps([{"tool_calls": [{"name": "run_terminal", "arguments": {"command": cmd}}]}]))
     out = tmp_path / "run"
     argv = [sys.executable, "-m", "etude.cli", "eval", "--suite", str(suite), "--model", f"scripted:{script}",
-            "--out", str(out), "--workers", "1", "--no-report"]  # fmt: skip
+            "--out", str(out), "--workers", "1", "--executor", "threads", "--no-report"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
@@ -133,7 +134,8 @@ def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path)
     n = len(_lines(suite))
     assert 1 <= len(first) < n, "the run should have been killed midway"
 
-    s = run_eval(suite, f"scripted:{script}", out, EvalConfig(workers=1, progress=False, report=False))
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
+    s = run_eval(suite, f"scripted:{script}", out, cfg)
     after = _lines(out / "results.jsonl")
     assert after[: len(first)] == first  # finished records untouched
     recs = [json.loads(x) for x in after]
@@ -191,9 +193,8 @@ def chat_server():
 
 def test_openai_server_model_and_efficiency_counts(suite, tmp_path, chat_server):
     url, seen = chat_server
-    s = run_eval(
-        suite, f"{url}#test-model", tmp_path / "run", EvalConfig(max_tasks=1, workers=1, progress=False, report=False)
-    )
+    cfg = EvalConfig(max_tasks=1, workers=1, executor="threads", progress=False, report=False)
+    s = run_eval(suite, f"{url}#test-model", tmp_path / "run", cfg)
     (rec,) = [json.loads(x) for x in _lines(tmp_path / "run" / "results.jsonl")]
     eff = rec["efficiency"]
     assert seen[0]["model"] == "test-model" and {t["function"]["name"] for t in seen[0]["tools"]} >= {

@@ -31,7 +31,7 @@ def test_partial_last_line_is_cut_and_last_record_wins(tmp_path):
 
 def test_infrastructure_errors_are_recorded_then_retried(tmp_path):
     out = tmp_path / "run"
-    cfg = EvalConfig(workers=1, progress=False, report=False)
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     with pytest.raises(EtudeError, match="every episode failed"):
         run_eval([broken_task(tmp_path)], "noop", out, cfg)
     (rec,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
@@ -45,7 +45,7 @@ def test_infrastructure_errors_are_recorded_then_retried(tmp_path):
 
 def test_resume_refuses_another_model_or_suite(tmp_path):
     out = tmp_path / "run"
-    cfg = EvalConfig(workers=1, progress=False, report=False)
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     with pytest.raises(EtudeError):
         run_eval([broken_task(tmp_path)], "noop", out, cfg)
     with pytest.raises(EtudeError, match="model='noop'"):
@@ -56,5 +56,6 @@ def test_resume_refuses_another_model_or_suite(tmp_path):
 
 def test_bad_model_spec_fails_before_anything_is_written(tmp_path):
     with pytest.raises(EtudeError, match="served model name"):
-        run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", EvalConfig(progress=False))
+        cfg = EvalConfig(executor="threads", progress=False)
+        run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", cfg)
     assert not (tmp_path / "run" / "run.json").exists()
