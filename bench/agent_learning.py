@@ -157,6 +157,10 @@ def main() -> None:
     ap.add_argument("--rl-config", default="configs/agent_rl.toml")
     ap.add_argument("--sft-tasks", type=int, default=None, help="train-split tasks for expert trajectories")
     ap.add_argument("--sft-epochs", type=float, default=None)
+    ap.add_argument("--sft-init", default=None,
+                    help="start SFT from this checkpoint instead of --model (a second SFT stage); the base "
+                         "evaluation is still of --model")
+    ap.add_argument("--sft-lr", type=float, default=None)
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
@@ -186,8 +190,10 @@ def main() -> None:
     split = {"test": builtin_curriculum("test", 1)}
     walls["curriculum_s"] = time.time() - ts
     test = split["test"][: args.test_max] if args.test_max else split["test"]
-    sft_cfg = load_sft_config(args.sft_config, {"model": args.model, **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
-                                                **({"epochs": args.sft_epochs} if args.sft_epochs else {})})
+    sft_cfg = load_sft_config(args.sft_config, {"model": args.sft_init or args.model,
+                                                **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
+                                                **({"epochs": args.sft_epochs} if args.sft_epochs else {}),
+                                                **({"lr": args.sft_lr} if args.sft_lr else {})})
     # Every stage is evaluated with the harness SFT trains on, greedy by default (pass@1).
     hc = sft_cfg.harness_config().replace(temperature=args.eval_temperature)
 
@@ -268,7 +274,7 @@ def main() -> None:
     result = {
         "bench": "agent_learning", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                                                "platform": platform.platform()},
-        "model": args.model,
+        "model": args.model, "sft_init": args.sft_init,
         "split": {s: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
                   for s, v in split.items()},
         "held_out_tasks": len(test), "split_members": {s: [m.spec for m in members(s)] for s in split},

@@ -4,8 +4,10 @@ real harness, tools and sandbox, so its trajectories are what a model should lea
 Plan (varied per task by a seeded RNG, so a model learns the skill rather than one script):
 1. locate — grep for the function's definition, or run the failing test and grep in one reply,
    or semantic search by the function's name;
-2. read the function's span (and, sometimes, the failing test's span in the same reply: two
-   independent reads, run in parallel by the harness);
+2. read the function in windows of READ_LINES lines from its `def` line (the line grep or
+   semantic search showed), window after window until the bug is on screen: nothing the agent
+   could not have seen decides what it reads (running the test and grepping in one reply are the
+   plan's parallel calls);
 3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
    adding context lines);
 4. re-run the failing test (most of the time);
@@ -95,12 +97,21 @@ def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] 
     return best
 
 
-def _window(span: tuple[int, int], bug: int, most: int = 30) -> tuple[int, int]:
-    first, last = span
-    if last - first < most:
-        return first, last
-    lo = max(first, bug - most // 2)
-    return lo, min(last, lo + most)
+READ_LINES = 25  # the expert reads a function in windows of this many lines, from its `def` line
+
+
+def _windows(first: int, bug: int, most: int = 4) -> list[tuple[int, int]]:
+    """Windows of READ_LINES lines from the definition's line `first` until the one holding the
+    bug line. Only `first` is on screen for the agent (grep and semantic search show it), so the
+    windows are something a model can learn to ask for; a window placed around the bug (what the
+    expert alone knows) would teach it to guess line numbers it never saw."""
+    out = [(first, first + READ_LINES - 1)]
+    while out[-1][1] < bug:
+        lo = out[-1][1] + 1
+        out.append((lo, lo + READ_LINES - 1))
+    if len(out) > most:
+        raise ValueError(f"the bug is more than {most * READ_LINES} lines into its function")
+    return out
 
 
 ANSWERS = (
@@ -164,16 +175,11 @@ class ExpertPolicy:
             locate = [run, grep]
         else:
             locate = [grep]
-        lo, hi = _window(span, bug_line)
-        reads = [ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
-        tspan = _test_span(template, test)
-        if tspan and rng.random() < 0.3:
-            reads.append(ToolCall("", "read_file", {"path": test.split("::")[0], "start_line": tspan[0],
-                                                    "end_line": min(tspan[1], tspan[0] + 25)}))
-            rng.shuffle(reads)
+        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
+                 for lo, hi in _windows(span[0], bug_line)]
         old_str, new_str = edit
         fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
-        plan: list[list[ToolCall] | str] = [locate, reads, fix]
+        plan: list[list[ToolCall] | str] = [locate, *reads, fix]
         if test and rng.random() < 0.8:
             plan.append([ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})])
         answer = rng.choice(ANSWERS).format(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
@@ -189,11 +195,3 @@ def _line_of(src: str, text: str) -> int:
     return 0
 
 
-def _test_span(template: Path, test_id: str) -> tuple[int, int] | None:
-    if "::" not in test_id:
-        return None
-    path, _, name = test_id.partition("::")
-    f = template / path
-    if not f.is_file():
-        return None
-    return span_of(f.read_text(encoding="utf-8", errors="replace"), name.split("::")[-1])
