@@ -316,7 +316,7 @@ def analyse_only(args: argparse.Namespace) -> None:
         "bench": "agent_learning", "mode": "analyse-only (stages run by bench/agent_learning.py; the evaluations "
         "were stopped before the whole test split, so only the held-out tasks every stage finished are counted)",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "model": args.model,
+        "model": args.model, "sft_init": args.sft_init,
         "split": {k: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
                   for k, v in split.items()},
         "held_out_tasks": len(ids), "held_out_split_size": len(test),
