@@ -33,7 +33,7 @@ from typing import Any
 
 from etude.configfile import parse_set
 from etude.evals import EvalConfig, run_eval
-from etude.evals.records import resolved_by_task
+from etude.evals.records import read_records, resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
@@ -63,7 +63,7 @@ def stage_figures(run: Path) -> dict[str, Any]:
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
-    return {r["instance_id"]: r for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+    return {iid: r for (iid, k), r in read_records(run / "results.jsonl").items() if k == 0}
 
 
 def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
