@@ -49,8 +49,17 @@ class TrafficConfig:
     """none: seconds to wait for real traffic in each round."""
     threads: int = 1
     """torch threads of the server the loop starts for scripted traffic."""
+    executor: str = "ray"
+    """scripted: where sessions run: "ray" (each session a Ray task; a local Ray unless
+    `ray_address`) or "threads" (a pool in the loop's process)."""
+    ray_address: str = ""
+    """scripted, ray: a cluster to join ("HOST:PORT" of `ray start --head`, or "auto"). The loop's
+    server listens on loopback, so only raylets on this machine can run sessions (see
+    etude.loop.users._on_ray)."""
 
     def __post_init__(self) -> None:
+        if self.executor not in ("ray", "threads"):
+            raise EtudeError(f"[traffic] executor must be ray or threads, not {self.executor!r}")
         if self.kind not in ("scripted", "command", "none"):
             raise EtudeError(f"[traffic] kind must be scripted, command or none, not {self.kind!r}")
         if self.kind == "command" and not self.command.strip():

@@ -427,7 +427,8 @@ def _builtin_traffic(ctx: TrafficContext) -> Any:
         return run_population(ctx.server(), ctx.api_key, users, round_key=f"{ctx.cycle_dir.name}:{ctx.phase}:{ctx.round}",
                               sessions_per_user=t.sessions_per_user, model=cfg.users,
                               start=slot * t.sessions_per_user, max_steps=t.max_steps, max_tokens=t.max_tokens,
-                              temperature=t.temperature, concurrency=t.concurrency, progress=ctx.progress)
+                              temperature=t.temperature, concurrency=t.concurrency, progress=ctx.progress,
+                              executor=t.executor, ray_address=t.ray_address or None)
     if t.kind == "command":
         env = {**os.environ, "ETUDE_LOOP_PHASE": ctx.phase, "ETUDE_LOOP_ROUND": str(ctx.round), "ETUDE_DB": ctx.db,
                "ETUDE_API_KEY": ctx.api_key, "ETUDE_LOOP_ORG": ctx.org}
@@ -458,7 +459,8 @@ def _session_summary(sessions: Any) -> dict[str, Any] | None:
     ok = [s for s in sessions if "error" not in s]
     return {"sessions": len(sessions), "errors": len(sessions) - len(ok), "resolved": sum(bool(s.get("resolved")) for s in ok),
             "users": len({s["user"] for s in sessions}), "scripted": all(s.get("scripted") for s in sessions),
-            "first_error": next((s["error"] for s in sessions if "error" in s), None)}
+            "first_error": next((s["error"] for s in sessions if "error" in s), None),
+            "ray_nodes": len({s["node_id"] for s in sessions if s.get("node_id")})}  # 0: they ran on threads
 
 
 def _eval_key(cfg: LoopConfig, suite: str | None = None) -> str:

@@ -88,27 +88,82 @@ class UserPolicy(OpenAIPolicy):
 def run_population(base_url: str, api_key: str, users: Sequence[SimUser], *, round_key: str = "0",
                    sessions_per_user: int = 1, model: UserModel | None = None, start: int = 0,
                    served_model: str = "auto", max_steps: int = 2, max_tokens: int = 32, temperature: float = 0.7,
-                   concurrency: int = 2, progress: bool = False) -> list[dict[str, Any]]:
+                   concurrency: int = 2, progress: bool = False, executor: str = "threads",
+                   ray_address: str | None = None) -> list[dict[str, Any]]:
     """Each user runs `sessions_per_user` sessions: requests start + k of their stream. One
-    record per session; a session that fails is recorded with its error, the others go on."""
+    record per session, in the order of `users`; a session that fails is recorded with its error,
+    the others go on. `executor`: "threads" (a pool in this process) or "ray" (each session a Ray
+    task, `concurrency` at a time; `ray_address` joins a cluster, else a local Ray is started for
+    the call; see `_on_ray`)."""
+    if executor not in ("threads", "ray"):
+        raise EtudeError(f"simulated users run on threads or ray, not {executor!r}")
     um = model or UserModel()
     specs = [SessionSpec(u, u.request(start + k), start + k, session_rng(u, round_key, start + k))
              for u in users for k in range(sessions_per_user)]
     run = _Runner(base_url, api_key, served_model, um, HarnessConfig(
         max_steps=max_steps, max_tokens_per_turn=max_tokens, temperature=temperature, time_limit_s=300.0))
-    with _bar(progress, len(specs)) as advance, ThreadPoolExecutor(max_workers=concurrency) as pool:
-        records = []
-        for rec in pool.map(run.session, specs):
-            records.append(rec)
-            advance()
+    with _bar(progress, len(specs)) as advance:
+        if executor == "ray":
+            return _on_ray(run, specs, concurrency, ray_address, advance)
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            records = []
+            for rec in pool.map(run.session, specs):
+                records.append(rec)
+                advance()
     return records
+
+
+def _ray_session(run: _Runner, spec: SessionSpec) -> dict[str, Any]:
+    """Body of a session's Ray task: the record, with the Ray node that ran it."""
+    import ray
+
+    return {**run.session(spec), "node_id": ray.get_runtime_context().get_node_id()}
+
+
+def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, address: str | None,
+            advance: Any) -> list[dict[str, Any]]:
+    """Sessions as Ray tasks (0.25 CPU each, spread over the nodes), at most `concurrency` in
+    flight, so on Ctrl-C the queued sessions never started. A session whose worker died is
+    recorded with its error, like a session that failed. A local Ray started here is shut down
+    when the sessions are done; a Ray this process had already joined is left running.
+    NOTE: a task talks to `run.base_url` from the node it runs on, so on a cluster the server must
+    listen on an address the nodes reach (not loopback), and each node needs the task cache."""
+    from etude.evals.raypool import _get, _ray, connect
+
+    ray = _ray()
+    started = connect(address)
+    try:
+        task = ray.remote(_ray_session).options(num_cpus=0.25, max_retries=0, scheduling_strategy="SPREAD")
+        run_ref = ray.put(run)
+        out: list[dict[str, Any] | None] = [None] * len(specs)
+        queue = list(range(len(specs)))[::-1]
+        inflight: dict[Any, int] = {}
+        while queue or inflight:
+            while queue and len(inflight) < concurrency:
+                i = queue.pop()
+                inflight[task.remote(run_ref, specs[i])] = i
+            done, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in done:
+                i = inflight.pop(ref)
+                try:
+                    out[i] = _get(ref)
+                except Exception as e:  # noqa: BLE001 - a dead worker fails its session, not the round
+                    first = (str(e).strip().splitlines() or [""])[0]
+                    out[i] = {**specs[i].extras(), "error": f"{type(e).__name__}: {first}", "scripted": True,
+                              "note": SCRIPTED_NOTE}
+                advance()
+        return [r for r in out if r is not None]
+    finally:
+        if started and ray.is_initialized():
+            ray.shutdown()
 
 
 def run_scripted_users(base_url: str, api_key: str, tasks: Sequence[Task], *, users: int = 4,
                        sessions_per_user: int = 1, model: str = "auto", seed: int = 0, max_steps: int = 2,
                        max_tokens: int = 32, temperature: float = 0.7, concurrency: int = 2,
                        user_prefix: str = "user", progress: bool = False, user_model: UserModel | None = None,
-                       round_key: str = "0", start: int = 0) -> list[dict[str, Any]]:
+                       round_key: str = "0", start: int = 0, executor: str = "threads",
+                       ray_address: str | None = None) -> list[dict[str, Any]]:
     """`make_population(tasks, users, seed)` then `run_population` (the loop's traffic)."""
     if not tasks:
         raise EtudeError("simulated users need at least one task")

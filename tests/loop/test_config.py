@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_shipped_tiny_config_loads() -> None:
     cfg = LoopConfig.from_toml(ROOT / "configs" / "loop_tiny.toml")
-    assert cfg.model == "tiny" and cfg.traffic.kind == "scripted"
+    assert cfg.model == "tiny" and cfg.traffic.kind == "scripted" and cfg.traffic.executor == "ray"
     assert cfg.canary.weights == (0.5, 0.5) and cfg.canary.guardrails[0].metric == "dissatisfied_rate"
     assert {a.metric for a in cfg.alarms.rules} == {"tool_error_rate", "clarification_rate", "edit_rate", "answer_length"}
 
@@ -27,6 +27,7 @@ def test_shipped_tiny_config_loads() -> None:
     ("[canary]\nprimary = \"nope\"\n", "unknown metric(s) nope"),
     ("[canary]\nweights = [1.0]\n", "weights must be two positive numbers"),
     ("[traffic]\nkind = \"command\"\n", "needs a command"),
+    ("[traffic]\nexecutor = \"dask\"\n", "executor must be ray or threads, not 'dask'"),
     ("[alarms]\nrules = [{ metric = \"x\", colour = 1 }]\n", "unknown key(s) in [alarms.rules]: colour"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:

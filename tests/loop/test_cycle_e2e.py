@@ -118,8 +118,9 @@ def test_full_cycle_killed_mid_eval_resumes_without_redoing_stages(tmp_path: Pat
 
     # collect -> distill: every interaction of the window became a sample, with scripted users
     c = report["collect"]
+    # ... run as Ray tasks (the default executor of scripted traffic) on this machine's one raylet
     assert c["sessions"] == {"sessions": 4, "errors": 0, "resolved": c["sessions"]["resolved"], "users": 4,
-                             "scripted": True, "first_error": None}
+                             "scripted": True, "first_error": None, "ray_nodes": 1}
     assert c["interactions"] >= 4 and report["distill"]["samples"] == c["interactions"]
     assert report["train"]["steps"] == 1 and Path(report["train"]["checkpoint"], "model.safetensors").is_file()
     assert report["eval"]["tasks"] == 1 and isinstance(report["eval"]["gate_passed"], bool)
