@@ -6,8 +6,10 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
    or semantic search by the function's name;
 2. read the function in windows of READ_LINES lines from its `def` line (the line grep or
    semantic search showed), window after window until the bug is on screen: nothing the agent
-   could not have seen decides what it reads (running the test and grepping in one reply are the
-   plan's parallel calls);
+   could not have seen decides what it reads. Parallel calls: running the test and grepping in
+   one reply; and in half of the grep plans, grepping for the failing test's `def` beside the
+   function's, then reading the test (TEST_READ_LINES from its `def` line) beside the function's
+   first window;
 3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
    adding context lines);
 4. re-run the failing test (most of the time);
@@ -114,6 +116,23 @@ def _windows(first: int, bug: int, most: int = 4) -> list[tuple[int, int]]:
     return out
 
 
+TEST_READ_LINES = 15  # the failing test is read in one window of this many lines from its `def` line
+
+
+def _test_def(template: Path, test_id: str) -> tuple[str, str, int] | None:
+    """(file, test function, its `def` line) of a pytest id such as `tests/t.py::Cls::test_x[1]`:
+    what a grep for `def test_x` in that file shows the agent. None when the id names no file
+    of the template or the function is not found there exactly once."""
+    tpath, _, rest = test_id.split("[", 1)[0].partition("::")
+    leaf = rest.split("::")[-1]
+    f = template / tpath
+    if not leaf or not f.is_file():
+        return None
+    src = f.read_text(encoding="utf-8", errors="replace")
+    lines = [i for i, ln in enumerate(src.splitlines(), 1) if re.match(rf"\s*(async\s+)?def {re.escape(leaf)}\b", ln)]
+    return (tpath, leaf, lines[0]) if len(lines) == 1 else None
+
+
 ANSWERS = (
     "Fixed `{func}` in `{path}`: `{old}` is now `{new}`, and `{test}` passes.",
     "The bug was in `{func}` ({path}): it used `{old}` where it needs `{new}`. Changed it; `{test}` passes now.",
@@ -177,6 +196,14 @@ class ExpertPolicy:
             locate = [grep]
         reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
                  for lo, hi in _windows(span[0], bug_line)]
+        # Half of the grep plans also find and read the failing test, each beside the function's
+        # own grep and first read: independent calls in one reply (the parallel calls to learn).
+        test_at = _test_def(template, t.FAIL_TO_PASS[0]) if t.FAIL_TO_PASS and grep in locate else None
+        if test_at is not None and rng.random() < 0.5:
+            tpath, tleaf, tline = test_at
+            locate.append(ToolCall("", "grep", {"pattern": f"def {tleaf}\\b", "path": tpath}))
+            reads[0].append(ToolCall("", "read_file", {"path": tpath, "start_line": tline,
+                                                       "end_line": tline + TEST_READ_LINES - 1}))
         old_str, new_str = edit
         fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
         plan: list[list[ToolCall] | str] = [locate, *reads, fix]

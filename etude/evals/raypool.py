@@ -60,9 +60,10 @@ def _ray() -> Any:
     return ray
 
 
-def connect(address: str | None) -> bool:
-    """Join Ray: the cluster at `address`, else a new local Ray. Returns True when this call
-    initialised Ray (the caller then shuts it down), False when this process had already joined."""
+def connect(address: str | None, num_cpus: int | None = None) -> bool:
+    """Join Ray: the cluster at `address`, else a new local Ray (of `num_cpus` CPUs; None: all).
+    Returns True when this call initialised Ray (the caller then shuts it down), False when this
+    process had already joined."""
     ray = _ray()
     from ray.exceptions import RayError
 
@@ -73,7 +74,8 @@ def connect(address: str | None) -> bool:
     try:
         # NOTE: "local", not None: ray.init() joins the cluster last started on this machine if its
         # address file is there, and retries for many minutes when that cluster has since died.
-        ray.init(address=address or "local", ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address or "local", num_cpus=None if address else num_cpus, ignore_reinit_error=True,
+                 include_dashboard=False, log_to_driver=False)
     except (ConnectionError, RayError, RuntimeError, ValueError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         where = f"the Ray cluster at {address}" if address else "a local Ray"

@@ -25,12 +25,14 @@ def register(app: typer.Typer) -> None:
         set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set steps=3 --set loss.kl_coef=0.1")] = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
         nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine: the learner is sharded with FSDP2 (gloo on CPU, NCCL on GPUs); rollouts on rank 0.")] = 1,
-        backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm needs `make setup-vllm`).")] = None,
+        backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm samples in-process, so it also sets use_ray = false unless --set says otherwise; needs `make setup-vllm`).")] = None,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         overrides = parse_set(set_ or [])
         if backend is not None:
             overrides["rollout_backend"] = backend
+            if backend == "vllm":  # the engine samples in this process, not on Ray rollout actors
+                overrides.setdefault("use_ray", False)
         cfg = load_config(config, overrides)
         run_dir = out or Path("runs") / config.stem
         if nproc != 1:

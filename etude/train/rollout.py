@@ -138,13 +138,13 @@ class RayExecutor:
     """Rollout actors on Ray (local `ray.init()` or a cluster address), streaming batches back."""
 
     def __init__(self, cfg: TrainConfig, learner: Any, version: int):
-        import ray
+        from etude.evals.raypool import _ray, connect
 
-        if not ray.is_initialized():
-            ray.init(address=cfg.ray.address or None, num_cpus=cfg.ray.num_cpus, include_dashboard=False,
-                     log_to_driver=False, ignore_reinit_error=True)
+        # a local Ray started for this run (shut down by close) unless `[ray] address` names a
+        # cluster or this process already joined one; an unreachable address is one line
+        self.ray = ray = _ray()
+        self.started = connect(cfg.ray.address, cfg.ray.num_cpus)
         remote = ray.remote(num_cpus=cfg.ray.worker_threads)(_RayWorkerImpl)
-        self.ray = ray
         self.actors = [remote.remote(cfg.to_dict(), f"ray-{i}", cfg.ray.worker_threads)
                        for i in range(cfg.ray.num_workers)]
         self.slots = len(self.actors)
@@ -172,6 +172,9 @@ class RayExecutor:
         for actor in self.actors:
             self.ray.kill(actor)
         self.actors, self.free, self.pending = [], [], {}
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+            self.started = False
 
 
 class Dispatcher:

@@ -160,8 +160,10 @@ def test_ray_rollouts_respect_max_staleness_and_record_versions(tmp_path):
 
 
 @pytest.mark.slow
-def test_multi_turn_repository_tasks_feed_the_same_learner(tmp_path):
-    """Real tasks from the built-in suite, run through the harness in the sandbox and graded."""
+@pytest.mark.parametrize("use_ray", [False, True])
+def test_multi_turn_repository_tasks_feed_the_same_learner(tmp_path, use_ray):
+    """Real tasks from the built-in suite, run through the harness in the sandbox and graded, in
+    process or on a Ray rollout actor (configs/agent_rl.toml's way)."""
     from etude.tasks import builtin_suite, save_tasks
 
     tasks = builtin_suite("train", max_tasks=2)
@@ -170,9 +172,26 @@ def test_multi_turn_repository_tasks_feed_the_same_learner(tmp_path):
     save_tasks(tasks, tmp_path / "tasks.jsonl")
     cfg = TrainConfig.from_dict({**_tiny(steps=1, prompts_per_step=1, group_size=2, max_new_tokens=16).to_dict(),
                                  "env": {"name": "tasks", "tasks_file": str(tmp_path / "tasks.jsonl"),
-                                         "num_test": 1, "max_steps": 2}, "eval_problems": 1})
+                                         "num_test": 1, "max_steps": 2}, "eval_problems": 1,
+                                 "use_ray": use_ray, "ray": {"num_workers": 1, "worker_threads": 1}})
     res = train(cfg, tmp_path / "run", progress=False)
     (rec,) = _train_records(tmp_path / "run")
+    assert rec["worker"] == ("ray-0" if use_ray else "local")
     assert rec["samples"] == 2 and rec["gen_tokens"] > 0 and rec["staleness"] == 0
     assert rec["resolved"] == 0.0  # a random model fixes nothing; the point is the path ran
     assert json.loads((Path(res["checkpoint"]) / "state.json").read_text())["consumed"] == [0]
+
+
+def test_agent_rl_config_rolls_out_on_one_ray_actor():
+    from etude.train import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "agent_rl.toml")
+    assert cfg.use_ray and cfg.ray.num_workers == 1 and cfg.max_staleness == 0 and cfg.env.name == "tasks"
+
+
+def test_unreachable_ray_address_is_one_line(tmp_path):
+    from etude.errors import EtudeError
+
+    cfg = TrainConfig.from_dict({**_tiny(steps=1).to_dict(), "use_ray": True, "ray": {"address": "127.0.0.1:1"}})
+    with pytest.raises(EtudeError, match="no Ray cluster answers at 127.0.0.1:1"):
+        train(cfg, tmp_path, progress=False)

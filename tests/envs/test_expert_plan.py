@@ -1,0 +1,71 @@
+"""The expert's plan on a small repository: every line it reads starts where a grep showed a `def`,
+and its parallel replies (the failing test's grep and read beside the function's) appear in some
+plans, never with a line number the agent could not have seen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from etude.envs.expert import TEST_READ_LINES, ExpertPolicy, _test_def
+from etude.types import Message, Task, ToolCall
+
+SRC = "\n".join(["import math", "", "", "def area(r):", '    """Area of a circle."""', "    k = 2",
+                 "    return math.pi * r ** k", ""])
+BUGGY = SRC.replace("** k", "** (k + 1)")
+TESTS = "\n".join(["from pkg.geo import area", "", "", "class TestArea:", "    def test_unit(self):",
+                   "        assert abs(area(1) - 3.14159) < 1e-3", ""])
+PATCH = """--- a/pkg/geo.py
++++ b/pkg/geo.py
+@@ -5,3 +5,3 @@ def area(r):
+     \"\"\"Area of a circle.\"\"\"
+     k = 2
+-    return math.pi * r ** (k + 1)
++    return math.pi * r ** k
+"""
+
+
+def _task(i: int) -> Task:
+    return Task(f"t-{i}", "pkg", "base", PATCH, "", "area is wrong",
+                FAIL_TO_PASS=("tests/test_geo.py::TestArea::test_unit",),
+                meta={"function": "area", "lines": [7]})
+
+
+def _template(tmp_path: Path) -> Path:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "geo.py").write_text(BUGGY)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_geo.py").write_text(TESTS)
+    return tmp_path
+
+
+def _replies(p: ExpertPolicy) -> list[list[ToolCall]]:
+    return [t for t in p.turns if not isinstance(t, str)]
+
+
+def test_test_def_is_what_a_grep_shows(tmp_path: Path) -> None:
+    root = _template(tmp_path)
+    assert _test_def(root, "tests/test_geo.py::TestArea::test_unit[2]") == ("tests/test_geo.py", "test_unit", 5)
+    assert _test_def(root, "tests/test_geo.py::test_missing") is None
+    assert _test_def(root, "tests/nope.py::test_unit") is None
+
+
+def test_plans_read_from_def_lines_and_some_read_the_test_in_parallel(tmp_path: Path) -> None:
+    root = _template(tmp_path)
+    plans = [ExpertPolicy(_task(i), root, seed=i, semantic_search=False) for i in range(40)]
+    parallel_reads = 0
+    for p in plans:
+        replies = _replies(p)
+        reads = [c for r in replies for c in r if c.name == "read_file"]
+        assert reads and all(c.arguments["start_line"] in (4, 5) for c in reads)  # area's def, the test's def
+        for c in reads:
+            if c.arguments["path"] == "tests/test_geo.py":
+                assert c.arguments["end_line"] - c.arguments["start_line"] == TEST_READ_LINES - 1
+                first = replies[0]  # the test was found by a grep beside the function's
+                assert [x.arguments.get("path") for x in first if x.name == "grep"] == ["pkg/geo.py", "tests/test_geo.py"]
+                parallel_reads += len([x for x in replies[1] if x.name == "read_file"]) == 2
+        edit = next(c for r in replies for c in r if c.name == "edit_file")
+        assert edit.arguments["new_str"].endswith("return math.pi * r ** k")
+    assert 5 <= parallel_reads <= 35  # about half of the grep plans (seeded, per task)
+    # the plan is a Policy: its replies come back turn by turn, calls as text
+    gen = plans[0].generate([Message("user", "fix it")], [])
+    assert "<tool_call>" in gen.text
