@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from etude.serve.app import VisibleText
 from etude.policy.batcher import Batcher, Job
+from etude.serve.app import VisibleText
 from etude.types import Generation
 
 
