@@ -48,6 +48,7 @@ from etude.policy.models import load_model
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.repo import prepare_repo
 from etude.tasks.schema import load_tasks
+from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import LoraConfig, _build
 from etude.train.metrics import MetricsWriter
 from etude.types import Message, Task, Trajectory
@@ -430,6 +431,7 @@ class _Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
         self.params = params
+        self.updates, self.dist = 0, None  # what etude.train.checkpoint reads of a learner
 
     def autocast(self) -> Any:
         import contextlib
@@ -460,49 +462,20 @@ class _Trainer:
         return {"loss": total / max(1, n_tok), "grad_norm": float(norm), "tokens": float(sum(len(s.ids) for s in batch)),
                 "loss_tokens": float(n_tok), "lr": lr}
 
-    # -- checkpoints
+    # -- checkpoints: the layout of etude.train.checkpoint (safetensors weights, optimizer and RNG,
+    # state.json, written atomically, `latest` a file naming the step)
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
-        import torch
-
-        root = self.out / "checkpoints"
-        d = root / f"step-{step:06d}"
-        tmp = root / f".tmp-{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
-        torch.save({"optimizer": self.opt.state_dict(), "torch_rng": torch.get_rng_state()}, tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
-        shutil.rmtree(d, ignore_errors=True)
-        tmp.rename(d)
-        (root / "latest").unlink(missing_ok=True)
-        (root / "latest").symlink_to(d.name)
-        for old in sorted(p for p in root.glob("step-*") if p != d)[:-1]:
-            shutil.rmtree(old, ignore_errors=True)
-        return d
+        self.updates = step
+        return save_checkpoint(self.out, self, {**state, "step": step}, keep=2)
 
     def restore(self) -> dict[str, Any] | None:
-        import torch
-        from safetensors.torch import load_file
-
-        latest = self.out / "checkpoints" / "latest"
-        if not latest.exists():
-            return None
-        d = latest.resolve()
-        files = sorted(d.glob("*.safetensors"))
-        state: dict[str, Any] = {}
-        for f in files:
-            state.update(load_file(str(f)))
-        if self.cfg.lora.enabled:
-            import peft
-
-            peft.set_peft_model_state_dict(self.model, state)
-        else:
-            self.model.load_state_dict(state, strict=False)
-        opt = torch.load(d / "optimizer.pt", weights_only=False)
-        self.opt.load_state_dict(opt["optimizer"])
-        torch.set_rng_state(opt["torch_rng"])
-        return json.loads((d / "state.json").read_text())
+        latest = ckpt_root(self.out) / "latest"
+        if latest.is_symlink():  # written before the shared layout (optimizer.pt); not read any more
+            raise EtudeError(f"{self.out} holds an SFT checkpoint of an older etude (pickled optimizer); "
+                             "rerun with a new --out, or delete its checkpoints/ to start over")
+        path = latest_checkpoint(self.out)
+        return load_checkpoint(path, self) if path is not None else None
 
     def export(self) -> Path:
         """OUT/final: a plain model directory (LoRA merged) that every command loads."""
