@@ -14,9 +14,22 @@ figures differ only by what the training did. The training-reward curves are rep
 the two trainers draw their prompts in different orders, so those are not paired. RL runs this
 short vary a lot from seed to seed, so both trainers run every seed of `--seeds`; the held-out
 rewards are compared across seeds (paired t-test, which carries the run-to-run variance) and
-pooled over answers (Welch, evaluation noise only). Writes bench/results/trainer_vs_trl.json.
+pooled over answers (Welch, evaluation noise only).
 
-    python bench/trainer_vs_trl.py [--model smollm2] [--steps 20] [--prompts 4] [--group 4] [--seeds 0,1,2]
+Two settings (`--setting`):
+- `short` (bench/results/trainer_vs_trl.json): "What is a + b?" prompts, 12-token answers;
+  prefix sharing dominates there.
+- `realistic` (bench/results/trainer_vs_trl_realistic.json): the agent's own multi-turn prompts,
+  ~1k tokens — the harness's system prompt, a repository task's request, and the scripted
+  expert's first turns with what the real tools returned (grep, read), rendered by the one
+  renderer of serving and SFT — cut before the expert's edit; 128 new tokens. Training prompts
+  come from curriculum train-split tasks, held-out ones from validation-split packages. Reward
+  (the same function for both trainers): 1 for a reply whose tool calls all parse and name a
+  harness tool, +0.5 when one of them is `edit_file` (the step that comes next), 0.1 for a
+  `<tool_call>` that does not parse, 0 for prose.
+
+    python bench/trainer_vs_trl.py [--setting short|realistic] [--model smollm2] [--steps 20] [--prompts 4]
+                                   [--group 4] [--seeds 0,1,2]
 """
 
 from __future__ import annotations
@@ -41,6 +54,88 @@ def _arith(num_train: int):
     return ArithEnv(num_train=num_train, num_test=8, seed=0)
 
 
+PROMPTS_ENV = "harness_prompts"  # registered in the child processes (etude.train.envs.ENVS)
+
+
+class HarnessPromptEnv:
+    """Single-turn env over stored agent prompts (the realistic setting): problems from a JSONL
+    of {"id", "split", "messages"}; `check` scores one reply's tool calls."""
+
+    name = PROMPTS_ENV
+    workers = 1
+
+    def __init__(self, tasks_file: str | None = None, num_train: int = 0, num_test: int = 0, **_: object):
+        from etude.types import Message, Problem
+
+        rows = [json.loads(ln) for ln in Path(str(tasks_file)).read_text().splitlines() if ln.strip()]
+        self.by_split = {sp: [Problem(r["id"], PROMPTS_ENV, tuple(Message.from_dict(m) for m in r["messages"]), None)
+                              for r in rows if r["split"] == sp] for sp in ("train", "test")}
+        for sp, n in (("train", num_train), ("test", num_test)):
+            if n:
+                self.by_split[sp] = self.by_split[sp][:n]
+
+    def problems(self, split: str) -> list:
+        return list(self.by_split[split])
+
+    def check(self, problem: object, text: str) -> tuple[float, dict, bool]:
+        return prompt_reward(text)
+
+    def rollout(self, policy, problems, *, n, max_tokens, temperature, top_p=1.0, seed=None):
+        from etude.train.envs import SingleTurnEnv
+
+        return SingleTurnEnv.rollout(self, policy, problems, n=n, max_tokens=max_tokens, temperature=temperature,
+                                     top_p=top_p, seed=seed)
+
+
+def prompt_reward(text: str) -> tuple[float, dict, bool]:
+    from etude.harness.config import DEFAULT_TOOLS
+    from etude.toolcalls import OPEN_TAG, parse_hermes
+
+    res = parse_hermes(text, tools=set(DEFAULT_TOOLS) | {"submit"})
+    valid = bool(res.tool_calls) and not res.errors
+    edit = valid and any(c.name == "edit_file" for c in res.tool_calls)
+    broken = not valid and OPEN_TAG in text
+    return 1.0 * valid + 0.5 * edit + 0.1 * broken, {"valid": float(valid), "edit": float(edit)}, edit
+
+
+def build_prompts(path: Path, model: str, num_train: int, num_test: int) -> dict:
+    """Agent prompts from the expert's trajectories (see the module doc): train-split tasks for
+    training, validation-split tasks (other packages) held out. Returns token-length figures."""
+    from etude.policy.local import encode_conversation
+    from etude.policy.models import load_model
+    from etude.toolcalls import parse_hermes
+    from etude.train.sft import expert_trajectories, load_sft_config, load_task_source
+
+    cfg = load_sft_config(ROOT / "configs" / "agent_sft.toml")
+    tok = load_model(model)[1]
+    rows, lens = [], []
+    cache = path.parent / "expert"
+    cache.mkdir(parents=True, exist_ok=True)
+    for split, source, n in (("train", "builtin:train", num_train), ("test", "builtin:validation", num_test)):
+        tasks = load_task_source(source, 1, max_tasks=2 * n)
+        trajs = expert_trajectories(tasks, cfg.harness_config(), cache / f"{split}.jsonl", workers=2)
+        for tr in trajs:
+            msgs = list(tr.messages)
+            cut = next((i for i, m in enumerate(msgs) if m.role == "assistant"
+                        and any(c.name == "edit_file" for c in parse_hermes(m.content).tool_calls)), None)
+            if cut is None or sum(r["split"] == split for r in rows) >= n:
+                continue
+            rows.append({"id": f"{split}-{tr.task_id}", "split": split, "messages": [m.to_dict() for m in msgs[:cut]]})
+            lens.append(len(encode_conversation(tok, msgs[:cut])))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    counts = {sp: sum(r["split"] == sp for r in rows) for sp in ("train", "test")}
+    if min(counts.values()) == 0:
+        raise SystemExit(f"no prompts built for a split: {counts}")
+    return {"prompts": counts, "prompt_tokens_median": statistics.median(lens), "prompt_tokens_min": min(lens),
+            "prompt_tokens_max": max(lens)}
+
+
+def _env(a: argparse.Namespace):
+    if a.setting == "realistic":
+        return HarnessPromptEnv(a.prompts_file)
+    return _arith(a.num_train)
+
+
 def _p(x: float) -> float | None:
     return None if x != x else float(x)  # NaN (all values equal) is not JSON
 
@@ -50,14 +145,17 @@ def _peak_mb() -> float:
 
 
 def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[float]:
-    """Per-answer rewards of `model` on the held-out arith problems (the same evaluator for both)."""
+    """Per-answer rewards of `model` on the held-out problems (the same evaluator for both)."""
     import torch
 
     from etude.policy.local import LocalPolicy
 
-    env = _arith(a.num_train)
-    env.num["test"] = a.eval_problems
-    probs = env.problems("test")
+    env = _env(a)
+    if a.setting == "realistic":
+        probs = env.problems("test")[: a.eval_problems]
+    else:
+        env.num["test"] = a.eval_problems
+        probs = env.problems("test")
     pol = LocalPolicy(model, tokenizer, id="eval")
     model.eval()
     with torch.inference_mode():
@@ -67,13 +165,18 @@ def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[fl
 
 def run_etude(a: argparse.Namespace) -> dict:
     from etude.train import TrainConfig, train
+    from etude.train.envs import ENVS
     from etude.train.metrics import read_metrics
+
+    ENVS[PROMPTS_ENV] = HarnessPromptEnv  # type: ignore[assignment]  # the bench's own family
 
     cfg = TrainConfig.from_dict({
         "model": a.model, "steps": a.steps, "prompts_per_step": a.prompts, "group_size": a.group,
         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "lr": a.lr, "micro_batch_tokens": 4096,
         "advantage": "grpo", "aggregation": "token_mean", "precision": "fp32", "checkpoint_every": a.steps,
-        "eval_problems": 1, "env": {"name": "arith", "num_train": a.num_train, "num_test": 8}, "seed": int(a.seeds),
+        "eval_problems": 1, "seed": int(a.seeds),
+        "env": ({"name": PROMPTS_ENV, "tasks_file": a.prompts_file, "num_test": 1} if a.setting == "realistic"
+                else {"name": "arith", "num_train": a.num_train, "num_test": 8}),
         "loss": {"clip_low": 0.2, "clip_high": 0.28, "kl_coef": 0.0},
     })
     out = Path(tempfile.mkdtemp(prefix="etude-vs-trl-"))
@@ -96,16 +199,17 @@ def run_trl(a: argparse.Namespace) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from etude.policy.local import render_messages
     from etude.policy.models import resolve
 
-    env = _arith(a.num_train)
+    env = _env(a)
     probs = env.problems("train")
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p.messages[0].content}], "answer": p.answer}
-                            for p in probs])
-    by_answer = {p.messages[0].content: p for p in probs}
+    # the same conversations, through the same renderer (TRL applies the same chat template to them)
+    ds = Dataset.from_list([{"prompt": render_messages(p.messages), "pid": p.id} for p in probs])
+    by_id = {p.id: p for p in probs}
 
-    def reward(prompts, completions, **kw):  # the same check as ours
-        return [env.check(by_answer[p[-1]["content"]], c[0]["content"])[0] for p, c in zip(prompts, completions, strict=True)]
+    def reward(prompts, completions, pid, **kw):  # the same check as ours
+        return [env.check(by_id[i], c[0]["content"])[0] for i, c in zip(pid, completions, strict=True)]
 
     times: list[float] = []
     records: list[dict] = []
@@ -160,6 +264,8 @@ def child(a: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--setting", choices=["short", "realistic"], default="short")
+    ap.add_argument("--prompts-file", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=4)
@@ -173,10 +279,18 @@ def main() -> None:
     ap.add_argument("--eval-base", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["etude", "trl"])
     ap.add_argument("--json")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "trainer_vs_trl.json")
+    ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     if a.worker:
         return child(a)
+    name = "trainer_vs_trl" + ("_realistic" if a.setting == "realistic" else "")
+    a.out = a.out or ROOT / "bench" / "results" / f"{name}.json"
+    prompt_stats = None
+    if a.setting == "realistic":
+        work = Path(tempfile.mkdtemp(prefix="etude-vs-trl-prompts-"))
+        a.prompts_file = str(work / "prompts.jsonl")
+        prompt_stats = build_prompts(Path(a.prompts_file), a.model, a.num_train, a.eval_problems)
+        print(f"prompts: {prompt_stats}", flush=True)
     import torch
     import transformers
     import trl
@@ -186,7 +300,8 @@ def main() -> None:
                  "transformers": transformers.__version__, "trl_version": trl.__version__,
                  "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
                                                          "eval_problems", "eval_samples")} | {"seeds": seeds},
-                 "note": "CPU only, 2 cores; per seed: medians over steps 2..N; same arith prompts and reward; "
+                 "setting": a.setting, "prompt_stats": prompt_stats,
+                 "note": f"CPU only, 2 cores; per seed: medians over steps 2..N; same {a.setting} prompts and reward; "
                          "held-out reward of the final weights by one evaluator for both", "runs": []}
     for seed in seeds:
         run: dict = {"seed": seed}
@@ -194,9 +309,9 @@ def main() -> None:
             with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
                 path = f.name
             argv = [sys.executable, __file__, "--worker", name, "--json", path, "--seeds", str(seed)] + [
-                x for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train", "eval_problems",
-                            "eval_samples")
-                for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
+                x for k in ("setting", "model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train",
+                            "eval_problems", "eval_samples", "prompts_file")
+                if getattr(a, k) is not None for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
             if name == "etude" and seed == seeds[0]:
                 argv.append("--eval-base")
             t0 = time.time()
