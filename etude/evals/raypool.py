@@ -33,7 +33,6 @@ address whose port answers but is not a Ray GCS makes `ray.init` retry for a lon
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -48,52 +47,10 @@ from etude.evals.config import EvalConfig
 from etude.evals.episode import episode_record, error_record, trajectory_path
 from etude.evals.models import policy_factory
 from etude.evals.records import atomic_write
+from etude.raycluster import connect
+from etude.raycluster import ray_get as _get
+from etude.raycluster import ray_module as _ray
 from etude.types import Generation, Message, Task
-
-
-def _ray() -> Any:
-    """The ray module, imported on first use (`import etude.evals` must not pay for it)."""
-    try:
-        import ray
-    except ImportError as e:  # ray is a pinned dependency; a broken install is one line
-        raise EtudeError(f"the ray executor needs Ray ({e}): `pip install -e .`, or use --executor threads") from None
-    return ray
-
-
-def connect(address: str | None, num_cpus: int | None = None) -> bool:
-    """Join Ray: the cluster at `address`, else a new local Ray (of `num_cpus` CPUs; None: all).
-    Returns True when this call initialised Ray (the caller then shuts it down), False when this
-    process had already joined."""
-    ray = _ray()
-    from ray.exceptions import RayError
-
-    if address and address != "auto" and not address.startswith("ray://"):
-        _check_reachable(address)
-    if ray.is_initialized():
-        return False
-    try:
-        # NOTE: "local", not None: ray.init() joins the cluster last started on this machine if its
-        # address file is there, and retries for many minutes when that cluster has since died.
-        ray.init(address=address or "local", num_cpus=None if address else num_cpus, ignore_reinit_error=True,
-                 include_dashboard=False, log_to_driver=False)
-    except (ConnectionError, RayError, RuntimeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        where = f"the Ray cluster at {address}" if address else "a local Ray"
-        raise EtudeError(f"cannot start or join {where}: {first}") from None
-    return True
-
-
-def _check_reachable(address: str) -> None:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise EtudeError(f"--ray-address wants HOST:PORT (the GCS port of `ray start --head`), not {address!r}")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as e:
-        raise EtudeError(
-            f"no Ray cluster answers at {address} ({e.strerror or e}); start one with "
-            "`ray start --head --port=PORT`, or leave out --ray-address to run on a local Ray"
-        ) from None
 
 
 class PolicyServer:
@@ -169,18 +126,6 @@ class ActorPolicy:
 
     def close(self) -> None:
         self.server.close.remote(self.key)
-
-
-def _get(ref: Any) -> Any:
-    """ray.get, raising a remote exception as itself rather than Ray's wrapper of it."""
-    ray = _ray()
-    from ray.exceptions import RayTaskError
-
-    try:
-        return ray.get(ref)
-    except RayTaskError as e:
-        cause = getattr(e, "cause", None)
-        raise (cause if isinstance(cause, BaseException) else e) from None
 
 
 def _episode(task: Task, sample: int, server: Any, cfg: EvalConfig, model: str) -> tuple[dict[str, Any], str | None]:

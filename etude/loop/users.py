@@ -65,6 +65,7 @@ from etude.loop.population import (
     session_rng,
 )
 from etude.policy.openai_http import OpenAIPolicy
+from etude.raycluster import connect, ray_get, ray_module
 from etude.types import Task, Trajectory
 
 SCRIPTED_NOTE = "traffic from simulated users (etude.loop.users), not real people"
@@ -128,9 +129,7 @@ def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, addres
     when the sessions are done; a Ray this process had already joined is left running.
     NOTE: a task talks to `run.base_url` from the node it runs on, so on a cluster the server must
     listen on an address the nodes reach (not loopback), and each node needs the task cache."""
-    from etude.evals.raypool import _get, _ray, connect
-
-    ray = _ray()
+    ray = ray_module()
     started = connect(address)
     try:
         task = ray.remote(_ray_session).options(num_cpus=0.25, max_retries=0, scheduling_strategy="SPREAD")
@@ -146,7 +145,7 @@ def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, addres
             for ref in done:
                 i = inflight.pop(ref)
                 try:
-                    out[i] = _get(ref)
+                    out[i] = ray_get(ref)
                 except Exception as e:  # noqa: BLE001 - a dead worker fails its session, not the round
                     first = (str(e).strip().splitlines() or [""])[0]
                     out[i] = {**specs[i].extras(), "error": f"{type(e).__name__}: {first}", "scripted": True,

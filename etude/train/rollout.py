@@ -25,6 +25,7 @@ from typing import Any
 
 from etude.policy.local import LocalPolicy
 from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
+from etude.raycluster import connect, ray_module
 from etude.train.config import TrainConfig
 from etude.train.envs import make_env
 from etude.train.learner import apply_state, build_model
@@ -138,11 +139,9 @@ class RayExecutor:
     """Rollout actors on Ray (local `ray.init()` or a cluster address), streaming batches back."""
 
     def __init__(self, cfg: TrainConfig, learner: Any, version: int):
-        from etude.evals.raypool import _ray, connect
-
         # a local Ray started for this run (shut down by close) unless `[ray] address` names a
         # cluster or this process already joined one; an unreachable address is one line
-        self.ray = ray = _ray()
+        self.ray = ray = ray_module()
         self.started = connect(cfg.ray.address, cfg.ray.num_cpus)
         remote = ray.remote(num_cpus=cfg.ray.worker_threads)(_RayWorkerImpl)
         self.actors = [remote.remote(cfg.to_dict(), f"ray-{i}", cfg.ray.worker_threads)

@@ -53,7 +53,7 @@ def test_bad_executor_settings_are_one_line(tmp_path):
         EvalConfig(executor="dask")
     with pytest.raises(EtudeError, match="ray_task_cpus"):
         EvalConfig(ray_task_cpus=0)
-    from etude.evals.raypool import _check_reachable
+    from etude.raycluster import _check_reachable
 
     with pytest.raises(EtudeError, match="HOST:PORT"):
         _check_reachable("nowhere")
