@@ -227,6 +227,8 @@ def main() -> None:
         stages["rl"] = stage_figures(work / "eval-rl")
         stages["rl"]["checkpoint"] = str(ckpt)
         tr = [r for r in read_metrics(rl_dir) if r.get("kind") == "train"]
+        # rl_s is this process's time; a resumed RL stage did its steps in an earlier one
+        walls["rl_steps_s_summed"] = sum(float(r.get("step_s", 0.0)) for r in tr)
         stages["rl"]["train"] = {"steps": len(tr), "groups_skipped": sum(r.get("groups_skipped", 0) for r in tr),
                                  "groups": sum(r.get("samples", 0) for r in tr) // max(1, rl_cfg.group_size),
                                  "reward_by_step": [r["reward"] for r in tr],
