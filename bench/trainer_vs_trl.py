@@ -315,7 +315,15 @@ def main() -> None:
             if name == "etude" and seed == seeds[0]:
                 argv.append("--eval-base")
             t0 = time.time()
-            subprocess.run(argv, check=True)
+            rc = subprocess.run(argv, check=False).returncode
+            if rc != 0:  # e.g. SIGKILL from the OOM killer: keep what the other trainer measured
+                why = " (SIGKILL: on this machine, the OOM killer)" if rc == -9 else ""
+                run[name] = {"failed": f"worker exited {rc}{why}", "wall_s": time.time() - t0}
+                res["runs"].append(run)
+                res["incomplete"] = True
+                a.out.parent.mkdir(parents=True, exist_ok=True)
+                a.out.write_text(json.dumps(res, indent=1))
+                raise SystemExit(f"the {name} worker failed (exit {rc}{why}); partial results in {a.out}")
             run[name] = summarise(json.loads(Path(path).read_text()), last_k=min(3, a.steps))
             run[name]["wall_s"] = time.time() - t0
         e, t = run["etude"], run["trl"]
