@@ -45,6 +45,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from etude.train.envs import SingleTurnEnv
+from etude.types import Message, Problem
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,16 +60,13 @@ def _arith(num_train: int):
 PROMPTS_ENV = "harness_prompts"  # registered in the child processes (etude.train.envs.ENVS)
 
 
-class HarnessPromptEnv:
+class HarnessPromptEnv(SingleTurnEnv):
     """Single-turn env over stored agent prompts (the realistic setting): problems from a JSONL
     of {"id", "split", "messages"}; `check` scores one reply's tool calls."""
 
     name = PROMPTS_ENV
-    workers = 1
 
     def __init__(self, tasks_file: str | None = None, num_train: int = 0, num_test: int = 0, **_: object):
-        from etude.types import Message, Problem
-
         rows = [json.loads(ln) for ln in Path(str(tasks_file)).read_text().splitlines() if ln.strip()]
         self.by_split = {sp: [Problem(r["id"], PROMPTS_ENV, tuple(Message.from_dict(m) for m in r["messages"]), None)
                               for r in rows if r["split"] == sp] for sp in ("train", "test")}
@@ -74,17 +74,11 @@ class HarnessPromptEnv:
             if n:
                 self.by_split[sp] = self.by_split[sp][:n]
 
-    def problems(self, split: str) -> list:
+    def problems(self, split: str) -> list[Problem]:
         return list(self.by_split[split])
 
-    def check(self, problem: object, text: str) -> tuple[float, dict, bool]:
+    def check(self, problem: Problem, text: str) -> tuple[float, dict, bool]:
         return prompt_reward(text)
-
-    def rollout(self, policy, problems, *, n, max_tokens, temperature, top_p=1.0, seed=None):
-        from etude.train.envs import SingleTurnEnv
-
-        return SingleTurnEnv.rollout(self, policy, problems, n=n, max_tokens=max_tokens, temperature=temperature,
-                                     top_p=top_p, seed=seed)
 
 
 def prompt_reward(text: str) -> tuple[float, dict, bool]:

@@ -116,9 +116,7 @@ def run_population(base_url: str, api_key: str, users: Sequence[SimUser], *, rou
 
 def _ray_session(run: _Runner, spec: SessionSpec) -> dict[str, Any]:
     """Body of a session's Ray task: the record, with the Ray node that ran it."""
-    import ray
-
-    return {**run.session(spec), "node_id": ray.get_runtime_context().get_node_id()}
+    return {**run.session(spec), "node_id": ray_module().get_runtime_context().get_node_id()}
 
 
 def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, address: str | None,
