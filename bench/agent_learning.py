@@ -161,6 +161,8 @@ def main() -> None:
                     help="start SFT from this checkpoint instead of --model (a second SFT stage); the base "
                          "evaluation is still of --model")
     ap.add_argument("--sft-lr", type=float, default=None)
+    ap.add_argument("--sft-seed", type=int, default=None,
+                    help="the expert's plan variations and the SFT order (a later stage on new variations)")
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
@@ -193,7 +195,8 @@ def main() -> None:
     sft_cfg = load_sft_config(args.sft_config, {"model": args.sft_init or args.model,
                                                 **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
                                                 **({"epochs": args.sft_epochs} if args.sft_epochs else {}),
-                                                **({"lr": args.sft_lr} if args.sft_lr else {})})
+                                                **({"lr": args.sft_lr} if args.sft_lr else {}),
+                                                **({"seed": args.sft_seed} if args.sft_seed is not None else {})})
     # Every stage is evaluated with the harness SFT trains on, greedy by default (pass@1).
     hc = sft_cfg.harness_config().replace(temperature=args.eval_temperature)
 

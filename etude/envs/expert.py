@@ -11,9 +11,13 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
    function's, then reading the test (TEST_READ_LINES from its `def` line) beside the function's
    first window;
 3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
-   adding context lines);
+   adding context lines). Recovery: when the changed line alone is not unique, half of those
+   plans first try it alone, see the edit tool's real "occurs N times" error, and retry with the
+   context lines (what the SFT model most often failed to do);
 4. re-run the failing test (most of the time);
-5. answer in one sentence that says what changed and where (sometimes through `submit`).
+5. answer in one sentence that says what changed and where (sometimes through `submit`; a
+   `submit` answer names the function, file and test but quotes no code, since code inside a
+   JSON string needs its quotes escaped, which the SFT model most often got wrong there).
 
 The expert reads the task's template and gold patch (it is privileged), but every observation in
 its trajectory is what the real tools returned, and `run_episode` grades its diff in a clean copy
@@ -139,6 +143,11 @@ ANSWERS = (
     "Changed `{old}` to `{new}` in `{func}` in `{path}`, which fixes `{test}`.",
     "`{func}` in `{path}` had `{old}`; I replaced it with `{new}` and `{test}` now passes.",
 )
+SUBMIT_ANSWERS = (  # no code quoted inside the JSON string (see the module doc)
+    "Fixed the bug in `{func}` in `{path}`; `{test}` passes.",
+    "The bug was in `{func}` ({path}). Changed that line; `{test}` passes now.",
+    "Corrected `{func}` in `{path}`, which fixes `{test}`.",
+)
 
 
 class ExpertPolicy:
@@ -206,12 +215,20 @@ class ExpertPolicy:
                                                        "end_line": tline + TEST_READ_LINES - 1}))
         old_str, new_str = edit
         fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
-        plan: list[list[ToolCall] | str] = [locate, *reads, fix]
+        bare = "\n".join(hunk.old)
+        tries: list[list[ToolCall] | str] = []
+        if bare != old_str and src.count(bare) > 1 and len(reads) <= 2 and rng.random() < 0.5:  # recovery: see the module doc
+            tries.append([ToolCall("", "edit_file", {"path": hunk.path, "old_str": bare,
+                                                     "new_str": "\n".join(hunk.new)})])
+        plan: list[list[ToolCall] | str] = [locate, *reads, *tries, fix]
         if test and rng.random() < 0.8:
             plan.append([ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})])
-        answer = rng.choice(ANSWERS).format(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
-                                            new=" ".join((hunk.new or [""])[0].split()), test=test or "the test")
-        plan.append([ToolCall("", "submit", {"message": answer})] if rng.random() < 0.3 else answer)
+        fields = dict(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
+                      new=" ".join((hunk.new or [""])[0].split()), test=test or "the test")
+        if rng.random() < 0.3:
+            plan.append([ToolCall("", "submit", {"message": rng.choice(SUBMIT_ANSWERS).format(**fields)})])
+        else:
+            plan.append(rng.choice(ANSWERS).format(**fields))
         return plan
 
 

@@ -69,3 +69,25 @@ def test_plans_read_from_def_lines_and_some_read_the_test_in_parallel(tmp_path: 
     # the plan is a Policy: its replies come back turn by turn, calls as text
     gen = plans[0].generate([Message("user", "fix it")], [])
     assert "<tool_call>" in gen.text
+
+
+def test_some_plans_recover_from_a_non_unique_old_str_and_submit_quotes_no_code(tmp_path: Path) -> None:
+    """Where the changed line alone occurs twice, about half the plans first try it alone (the edit
+    tool's real error is what they see next), then retry with the context line that makes it
+    unique; a `submit` answer quotes no code (its quotes would need escaping inside JSON)."""
+    root = _template(tmp_path)
+    twin = "\n\ndef volume(r, k):\n    r = abs(r)\n    return math.pi * r ** (k + 1)\n"
+    (root / "pkg" / "geo.py").write_text(BUGGY + twin)
+    plans = [ExpertPolicy(_task(i), root, seed=i, semantic_search=False) for i in range(40)]
+    recovered = 0
+    for p in plans:
+        edits = [c for r in _replies(p) for c in r if c.name == "edit_file"]
+        assert edits[-1].arguments["old_str"] == "    k = 2\n    return math.pi * r ** (k + 1)"
+        if len(edits) == 2:
+            assert edits[0].arguments["old_str"] == "    return math.pi * r ** (k + 1)"
+            recovered += 1
+        for r in _replies(p):
+            for c in r:
+                if c.name == "submit":
+                    assert "**" not in c.arguments["message"] and '"' not in c.arguments["message"]
+    assert 5 <= recovered <= 35
