@@ -6,9 +6,12 @@ itself. `ray` is imported on first use, so importing this module costs nothing."
 from __future__ import annotations
 
 import socket
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from etude.errors import EtudeError
+
+T = TypeVar("T")
 
 
 def ray_module() -> Any:
@@ -66,3 +69,24 @@ def ray_get(ref: Any) -> Any:
     except RayTaskError as e:
         cause = getattr(e, "cause", None)
         raise (cause if isinstance(cause, BaseException) else e) from None
+
+
+def run_bounded(items: Sequence[T], submit: Callable[[T], Any], finish: Callable[[T, Any], None], limit: int) -> None:
+    """`submit(item)` (an ObjectRef) for each item in order, at most `limit` in flight, and
+    `finish(item, ref)` as each completes. On Ctrl-C or an error the queued items never start, and
+    those in flight are still finished (their caller records them: a resumed run does not pay for
+    them twice)."""
+    ray = ray_module()
+    queue = list(reversed(items))  # popped from the end: in the items' order
+    inflight: dict[Any, T] = {}
+    try:
+        while queue or inflight:
+            while queue and len(inflight) < limit:
+                item = queue.pop()
+                inflight[submit(item)] = item
+            done, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in done:
+                finish(inflight.pop(ref), ref)
+    finally:
+        for ref, item in list(inflight.items()):
+            finish(item, ref)

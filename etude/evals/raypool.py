@@ -47,7 +47,7 @@ from etude.evals.config import EvalConfig
 from etude.evals.episode import episode_record, error_record, trajectory_path
 from etude.evals.models import policy_factory
 from etude.evals.records import atomic_write
-from etude.raycluster import connect
+from etude.raycluster import connect, run_bounded
 from etude.raycluster import ray_get as _get
 from etude.raycluster import ray_module as _ray
 from etude.types import Generation, Message, Task
@@ -185,22 +185,19 @@ class RayEpisodes:
         return server
 
     def run(self, todo: list[tuple[Task, int]], record: Callable[[dict[str, Any]], None]) -> None:
-        ray = self.ray
-        queue = list(reversed(todo))  # popped from the end: in todo's order
-        inflight: dict[Any, tuple[Task, int, float]] = {}
-        try:
-            while queue or inflight:
-                while queue and len(inflight) < self.cfg.workers:
-                    t, k = queue.pop()
-                    inflight[self.task.remote(t, k, self.server, self.cfg_ref, self.model)] = (t, k, time.monotonic())
-                done, _ = ray.wait(list(inflight), num_returns=1)
-                for ref in done:
-                    self._finish(ref, inflight.pop(ref), record)
-        finally:
-            # Ctrl-C or an error here: the queued episodes never started; those in flight finish
-            # and are recorded, so a resumed run does not pay for them twice.
-            for ref, job in inflight.items():
-                self._finish(ref, job, record)
+        """The episodes through `raycluster.run_bounded`: on Ctrl-C or an error the queued ones
+        never start; those in flight finish and are recorded."""
+        started: dict[tuple[str, int], float] = {}
+
+        def submit(job: tuple[Task, int]) -> Any:
+            t, k = job
+            started[(t.instance_id, k)] = time.monotonic()
+            return self.task.remote(t, k, self.server, self.cfg_ref, self.model)
+
+        def finish(job: tuple[Task, int], ref: Any) -> None:
+            self._finish(ref, (*job, started[(job[0].instance_id, job[1])]), record)
+
+        run_bounded(todo, submit, finish, self.cfg.workers)
 
     def _finish(self, ref: Any, job: tuple[Task, int, float], record: Callable[[dict[str, Any]], None]) -> None:
         task, sample, t0 = job

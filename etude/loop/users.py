@@ -65,7 +65,7 @@ from etude.loop.population import (
     session_rng,
 )
 from etude.policy.openai_http import OpenAIPolicy
-from etude.raycluster import connect, ray_get, ray_module
+from etude.raycluster import connect, ray_get, ray_module, run_bounded
 from etude.types import Task, Trajectory
 
 SCRIPTED_NOTE = "traffic from simulated users (etude.loop.users), not real people"
@@ -122,7 +122,7 @@ def _ray_session(run: _Runner, spec: SessionSpec) -> dict[str, Any]:
 def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, address: str | None,
             advance: Any) -> list[dict[str, Any]]:
     """Sessions as Ray tasks (0.25 CPU each, spread over the nodes), at most `concurrency` in
-    flight, so on Ctrl-C the queued sessions never started. A session whose worker died is
+    flight (`raycluster.run_bounded`: on Ctrl-C the queued sessions never start). A session whose worker died is
     recorded with its error, like a session that failed. A local Ray started here is shut down
     when the sessions are done; a Ray this process had already joined is left running.
     NOTE: a task talks to `run.base_url` from the node it runs on, so on a cluster the server must
@@ -132,24 +132,19 @@ def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, addres
     try:
         task = ray.remote(_ray_session).options(num_cpus=0.25, max_retries=0, scheduling_strategy="SPREAD")
         run_ref = ray.put(run)
-        out: list[dict[str, Any] | None] = [None] * len(specs)
-        queue = list(range(len(specs)))[::-1]
-        inflight: dict[Any, int] = {}
-        while queue or inflight:
-            while queue and len(inflight) < concurrency:
-                i = queue.pop()
-                inflight[task.remote(run_ref, specs[i])] = i
-            done, _ = ray.wait(list(inflight), num_returns=1)
-            for ref in done:
-                i = inflight.pop(ref)
-                try:
-                    out[i] = ray_get(ref)
-                except Exception as e:  # noqa: BLE001 - a dead worker fails its session, not the round
-                    first = (str(e).strip().splitlines() or [""])[0]
-                    out[i] = {**specs[i].extras(), "error": f"{type(e).__name__}: {first}", "scripted": True,
-                              "note": SCRIPTED_NOTE}
-                advance()
-        return [r for r in out if r is not None]
+        out: dict[int, dict[str, Any]] = {}
+
+        def finish(i: int, ref: Any) -> None:
+            try:
+                out[i] = ray_get(ref)
+            except Exception as e:  # noqa: BLE001 - a dead worker fails its session, not the round
+                first = (str(e).strip().splitlines() or [""])[0]
+                out[i] = {**specs[i].extras(), "error": f"{type(e).__name__}: {first}", "scripted": True,
+                          "note": SCRIPTED_NOTE}
+            advance()
+
+        run_bounded(range(len(specs)), lambda i: task.remote(run_ref, specs[i]), finish, concurrency)
+        return [out[i] for i in sorted(out)]
     finally:
         if started and ray.is_initialized():
             ray.shutdown()

@@ -257,3 +257,54 @@ def _wait(ready, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not come up within {timeout_s} s")
         time.sleep(1)
+
+
+def _square(x: int) -> int:
+    if x == 4:
+        raise ValueError("four")
+    time.sleep(0.05)
+    return x * x
+
+
+@pytest.mark.slow
+def test_run_bounded_keeps_the_limit_and_finishes_what_is_in_flight():
+    """`raycluster.run_bounded`, the loop under eval episodes and simulated users: never more than
+    `limit` in flight, every item finished once; when `finish` raises, the queued items never
+    start and those already in flight are still finished."""
+    import ray
+
+    from etude.raycluster import connect, ray_get, run_bounded
+
+    started = connect(None, num_cpus=2)
+    try:
+        task = ray.remote(_square).options(num_cpus=0.25, max_retries=0)
+        inflight, peak, seen = set(), [0], {}
+
+        def submit(x):
+            inflight.add(x)
+            peak[0] = max(peak[0], len(inflight))
+            return task.remote(x)
+
+        def finish(x, ref):
+            inflight.discard(x)
+            try:
+                seen[x] = ray_get(ref)
+            except ValueError as e:
+                seen[x] = str(e)
+
+        run_bounded(list(range(10)), submit, finish, 3)
+        assert peak[0] == 3 and seen == {x: ("four" if x == 4 else x * x) for x in range(10)}
+
+        submitted, finished = [], []
+
+        def finish_raising(x, ref):
+            finished.append(x)
+            ray_get(ref)  # item 4 raises here: the run stops
+
+        with pytest.raises(ValueError, match="four"):
+            run_bounded(list(range(10)), lambda x: submitted.append(x) or task.remote(x), finish_raising, 3)
+        assert 4 in submitted and len(submitted) < 10  # the queue stopped
+        assert sorted(finished) == sorted(submitted)  # everything submitted was finished
+    finally:
+        if started:
+            ray.shutdown()
