@@ -38,8 +38,11 @@ class Entry:
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix. Bisection over slice comparisons (done in C): `lookup` runs
-    it against every entry for every prompt of every turn, with prompts of thousands of tokens."""
-    a, b = list(a), list(b)
+    it against every entry for every prompt of every turn, with prompts of thousands of tokens.
+    Slices of a tuple and a list never compare equal, so two different kinds are made tuples
+    (`lookup` passes tuples: no copy there)."""
+    if type(a) is not type(b):
+        a, b = tuple(a), tuple(b)
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -73,6 +76,7 @@ class PrefixCache:
         """The entry sharing the longest prefix with `prompt` and that length (at most
         len(prompt) - 1: the last prompt token is always fed, it yields the first logits)."""
         best, best_n = None, 0
+        prompt = tuple(prompt)  # once, like the entries' ids (see common_prefix)
         with self._lock:
             for key, e in list(self._entries.items()):
                 if e.version != version:

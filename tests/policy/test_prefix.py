@@ -66,3 +66,4 @@ def test_budget_and_supersession() -> None:
     entry, n = pc.lookup(list(range(50)) + [7], 0)
     assert entry is not None and n == 50
     assert common_prefix([1, 2], [1, 3]) == 1
+    assert common_prefix((1, 2, 3), [1, 2, 4]) == 2 and common_prefix(range(5), (0, 1, 2, 3, 4)) == 5  # mixed kinds
