@@ -219,17 +219,25 @@ def run_trl(a: argparse.Namespace) -> dict:
             if logs and "reward" in logs:
                 records.append(dict(logs))
 
+    # One generation batch (prompts x group samples) per optimiser step, trained in micro-batches
+    # of --trl-micro-batch samples by gradient accumulation (ours packs rows of micro_batch_tokens).
+    per_step = a.prompts * a.group
+    micro = a.trl_micro_batch or per_step
+    if per_step % micro:
+        raise SystemExit(f"--trl-micro-batch {micro} does not divide {per_step} samples a step")
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-"), max_steps=a.steps, per_device_train_batch_size=a.prompts * a.group,
+        output_dir=tempfile.mkdtemp(prefix="trl-"), max_steps=a.steps, per_device_train_batch_size=micro,
         num_generations=a.group, max_completion_length=a.max_new_tokens, learning_rate=a.lr, temperature=1.0,
         top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
-        gradient_accumulation_steps=1, gradient_checkpointing=False, bf16=False, use_cpu=True, logging_steps=1,
+        gradient_accumulation_steps=per_step // micro, gradient_checkpointing=False, bf16=False, use_cpu=True, logging_steps=1,
         report_to="none", save_strategy="no", seed=int(a.seeds), lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, disable_tqdm=True,
     )
     trainer = GRPOTrainer(model=str(resolve(a.model)), reward_funcs=[reward], args=args, train_dataset=ds,
                           callbacks=[Timer()])
     trainer.train()
+    if len(times) != a.steps:  # the timer must see optimiser steps, not accumulation micro-steps
+        raise SystemExit(f"TRL's step timer saw {len(times)} steps for {a.steps} optimiser steps")
     peak = _peak_mb()
     lens = [lg.get("completions/mean_length", 0.0) * a.prompts * a.group for lg in records]
     return {"step_s": times, "completion_tokens": lens, "reward": [lg["reward"] for lg in records],
@@ -269,6 +277,11 @@ def main() -> None:
     ap.add_argument("--num-train", type=int, default=256)
     ap.add_argument("--eval-problems", type=int, default=64)
     ap.add_argument("--eval-samples", type=int, default=4)
+    ap.add_argument("--trl-micro-batch", type=int, default=0,
+                    help="TRL's per-device batch (samples per forward/backward; 0 = all of a step's samples): its "
+                         "gradient accumulation covers the rest of the step, one generation batch per optimiser step. "
+                         "The realistic setting needs a small one to fit memory (16 x 2k-token samples in one batch "
+                         "were OOM-killed at 23.8 GB)")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds; both trainers run each")
     ap.add_argument("--eval-base", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["etude", "trl"])
@@ -293,7 +306,7 @@ def main() -> None:
     res: dict = {"bench": "trainer_vs_trl", "machine": platform.platform(), "torch": torch.__version__,
                  "transformers": transformers.__version__, "trl_version": trl.__version__,
                  "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
-                                                         "eval_problems", "eval_samples")} | {"seeds": seeds},
+                                                         "eval_problems", "eval_samples", "trl_micro_batch")} | {"seeds": seeds},
                  "setting": a.setting, "prompt_stats": prompt_stats,
                  "note": f"CPU only, 2 cores; per seed: medians over steps 2..N; same {a.setting} prompts and reward; "
                          "held-out reward of the final weights by one evaluator for both", "runs": []}
