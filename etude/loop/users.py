@@ -122,8 +122,8 @@ def _ray_session(run: _Runner, spec: SessionSpec) -> dict[str, Any]:
 def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, address: str | None,
             advance: Any) -> list[dict[str, Any]]:
     """Sessions as Ray tasks (0.25 CPU each, spread over the nodes), at most `concurrency` in
-    flight (`raycluster.run_bounded`: on Ctrl-C the queued sessions never start). A session whose worker died is
-    recorded with its error, like a session that failed. A local Ray started here is shut down
+    flight (`raycluster.run_bounded`: on Ctrl-C the queued sessions never start, those in flight
+    finish). A session whose worker died is recorded with its error, like a session that failed. A local Ray started here is shut down
     when the sessions are done; a Ray this process had already joined is left running.
     NOTE: a task talks to `run.base_url` from the node it runs on, so on a cluster the server must
     listen on an address the nodes reach (not loopback), and each node needs the task cache."""
