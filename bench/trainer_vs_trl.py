@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -308,6 +309,7 @@ def main() -> None:
                  "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
                                                          "eval_problems", "eval_samples", "trl_micro_batch")} | {"seeds": seeds},
                  "setting": a.setting, "prompt_stats": prompt_stats,
+                 "env": {k: os.environ.get(k) for k in ("MALLOC_ARENA_MAX", "OMP_NUM_THREADS")},
                  "note": f"CPU only, 2 cores; per seed: medians over steps 2..N; same {a.setting} prompts and reward; "
                          "held-out reward of the final weights by one evaluator for both", "runs": []}
     for seed in seeds:
