@@ -111,7 +111,8 @@ def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | N
     rates = [stages[s]["resolved_rate"] * 100 for s in names]
     err = [[r - stages[s]["ci95"][0] * 100 for s, r in zip(names, rates, strict=True)],
            [stages[s]["ci95"][1] * 100 - r for s, r in zip(names, rates, strict=True)]]
-    ax.bar(names, rates, yerr=err, capsize=6, color=[{"base": "#999", "previous_sft": "#9c8", "sft": "#4a7", "rl": "#37b"}[s] for s in names])
+    colours = {"base": "#999", "previous_sft": "#9c8", "sft": "#4a7", "rl": "#37b"}
+    ax.bar(names, rates, yerr=err, capsize=6, color=[colours[s] for s in names])
     ax.set_ylabel("held-out resolved (%)")
     ax.set_title(f"level-1 held-out tasks (n={stages['base']['tasks']}), Wilson 95%")
     fig.tight_layout()

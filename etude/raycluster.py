@@ -71,6 +71,11 @@ def ray_get(ref: Any) -> Any:
         raise (cause if isinstance(cause, BaseException) else e) from None
 
 
+def failure(e: BaseException) -> str:
+    """`Type: first line of the message`: how a dead worker or a remote error is recorded."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def run_bounded(items: Sequence[T], submit: Callable[[T], Any], finish: Callable[[T, Any], None], limit: int) -> None:
     """`submit(item)` (an ObjectRef) for each item in order, at most `limit` in flight, and
     `finish(item, ref)` as each completes. On Ctrl-C or an error the queued items never start, and

@@ -47,7 +47,7 @@ from etude.evals.config import EvalConfig
 from etude.evals.episode import episode_record, error_record, trajectory_path
 from etude.evals.models import policy_factory
 from etude.evals.records import atomic_write
-from etude.raycluster import connect, run_bounded
+from etude.raycluster import connect, failure, run_bounded
 from etude.raycluster import ray_get as _get
 from etude.raycluster import ray_module as _ray
 from etude.types import Generation, Message, Task
@@ -204,8 +204,7 @@ class RayEpisodes:
         try:
             rec, text = _get(ref)
         except Exception as e:  # noqa: BLE001 - a dead worker or node fails its episode, not the run
-            first = (str(e).strip().splitlines() or [""])[0]
-            record(error_record(task, sample, self.model, f"{type(e).__name__}: {first}", time.monotonic() - t0, None))
+            record(error_record(task, sample, self.model, failure(e), time.monotonic() - t0, None))
             return
         if text is not None:  # the trajectory first: a record never names a missing file
             path = self.out / trajectory_path(task, sample)

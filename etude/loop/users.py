@@ -65,7 +65,7 @@ from etude.loop.population import (
     session_rng,
 )
 from etude.policy.openai_http import OpenAIPolicy
-from etude.raycluster import connect, ray_get, ray_module, run_bounded
+from etude.raycluster import connect, failure, ray_get, ray_module, run_bounded
 from etude.types import Task, Trajectory
 
 SCRIPTED_NOTE = "traffic from simulated users (etude.loop.users), not real people"
@@ -123,8 +123,9 @@ def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, addres
             advance: Any) -> list[dict[str, Any]]:
     """Sessions as Ray tasks (0.25 CPU each, spread over the nodes), at most `concurrency` in
     flight (`raycluster.run_bounded`: on Ctrl-C the queued sessions never start, those in flight
-    finish). A session whose worker died is recorded with its error, like a session that failed. A local Ray started here is shut down
-    when the sessions are done; a Ray this process had already joined is left running.
+    finish). A session whose worker died is recorded with its error, like a session that failed.
+    A local Ray started here is shut down when the sessions are done; a Ray this process had
+    already joined is left running.
     NOTE: a task talks to `run.base_url` from the node it runs on, so on a cluster the server must
     listen on an address the nodes reach (not loopback), and each node needs the task cache."""
     ray = ray_module()
@@ -138,9 +139,7 @@ def _on_ray(run: _Runner, specs: Sequence[SessionSpec], concurrency: int, addres
             try:
                 out[i] = ray_get(ref)
             except Exception as e:  # noqa: BLE001 - a dead worker fails its session, not the round
-                first = (str(e).strip().splitlines() or [""])[0]
-                out[i] = {**specs[i].extras(), "error": f"{type(e).__name__}: {first}", "scripted": True,
-                          "note": SCRIPTED_NOTE}
+                out[i] = {**specs[i].extras(), "error": failure(e), "scripted": True, "note": SCRIPTED_NOTE}
             advance()
 
         run_bounded(range(len(specs)), lambda i: task.remote(run_ref, specs[i]), finish, concurrency)
