@@ -13,8 +13,15 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
 3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
    adding context lines). Recovery: when the changed line alone is not unique, half of those
    plans first try it alone, see the edit tool's real "occurs N times" error, and retry with the
-   context lines (what the SFT model most often failed to do);
-4. re-run the failing test (most of the time);
+   context lines (what the SFT model most often failed to do). A wrong fix first: in DECOY_SHARE
+   of the plans short enough, the expert first changes the buggy line the wrong way (another
+   operator, constant or integer in it: `_decoy_lines`), re-runs the test, sees it still fail,
+   sometimes reads the function again, then makes the right edit and re-runs the test. The wrong
+   edit's turn is listed in `untrained` (SFT puts no loss on it: the model is to learn what to do
+   after a failed re-run, not the wrong fix), and a plan whose wrong fix happened to pass the test
+   is reported by `decoy_failed` (False) for the caller to drop. The SFT models before these plans
+   submitted in every episode, even after their re-run test failed;
+4. re-run the failing test (most of the time; always after a wrong fix);
 5. answer in one sentence that says what changed and where (sometimes through `submit`; a
    `submit` answer names the function, file and test but quotes no code, since code inside a
    JSON string needs its quotes escaped, which the SFT model most often got wrong there).
@@ -28,9 +35,11 @@ What this does not do: handle multi-file or multi-hunk gold patches (it returns 
 from __future__ import annotations
 
 import ast
+import io
 import random
 import re
 import threading
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,6 +168,9 @@ class ExpertPolicy:
         self.id, self.version = "expert", 0
         self.task = task
         self.rng = random.Random(f"{seed}:{task.instance_id}")
+        self.untrained: list[int] = []  # assistant turns (0-based) SFT must not learn from (a wrong fix)
+        self.decoy_check: int | None = None  # the turn after a wrong fix's test run, when there is one
+        self.decoy_failed: bool | None = None  # whether that run failed, as it must for the plan to be kept
         self.turns = self._plan(template, semantic_search)
 
     @classmethod
@@ -172,6 +184,8 @@ class ExpertPolicy:
     def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], *, max_tokens: int = 512,
                  temperature: float = 0.7, **_: Any) -> Generation:
         k = sum(1 for m in messages if m.role == "assistant")
+        if k == self.decoy_check and messages and messages[-1].role == "tool":
+            self.decoy_failed = bool(_FAILED.search(messages[-1].content))
         out = self.turns[k] if k < len(self.turns) else self.turns[-1]
         text = out if isinstance(out, str) else render_tool_calls_text(out)
         return Generation(text=text, policy_id=self.id, policy_version=self.version)
@@ -220,9 +234,20 @@ class ExpertPolicy:
         if bare != old_str and src.count(bare) > 1 and len(reads) <= 2 and rng.random() < 0.5:  # recovery: see the module doc
             tries.append([ToolCall("", "edit_file", {"path": hunk.path, "old_str": bare,
                                                      "new_str": "\n".join(hunk.new)})])
-        plan: list[list[ToolCall] | str] = [locate, *reads, *tries, fix]
-        if test and rng.random() < 0.8:
-            plan.append([ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})])
+        check = [ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})]
+        wrong = _decoy_edit(src, hunk, edit, rng) if test and not tries and rng.random() < DECOY_SHARE else None
+        if wrong is not None and len(reads) + 6 <= MAX_PLAN_TURNS:  # a wrong fix first: see the module doc
+            first, second = wrong
+            self.untrained.append(1 + len(reads))  # the wrong edit's turn is not trained on
+            self.decoy_check = 3 + len(reads)  # the turn that reads the test run after it
+            again = [reads[-1][:1]] if len(reads) + 7 <= MAX_PLAN_TURNS and rng.random() < 0.5 else []
+            fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": second[0], "new_str": second[1]})]
+            bad = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": first[0], "new_str": first[1]})]
+            plan: list[list[ToolCall] | str] = [locate, *reads, bad, check, *again, fix, check]
+        else:
+            plan = [locate, *reads, *tries, fix]
+            if test and rng.random() < 0.8:
+                plan.append(check)
         fields = dict(func=func, path=hunk.path, old=" ".join(hunk.old[0].split()),
                       new=" ".join((hunk.new or [""])[0].split()), test=test or "the test")
         if rng.random() < 0.3:
@@ -230,6 +255,61 @@ class ExpertPolicy:
         else:
             plan.append(rng.choice(ANSWERS).format(**fields))
         return plan
+
+
+DECOY_SHARE = 0.4  # of the plans that can have one, the share that first make a wrong fix
+MAX_PLAN_TURNS = 8  # configs/agent_sft.toml's harness max_steps: a plan must fit in it
+_FAILED = re.compile(r"\b\d+ (failed|error)")  # pytest's summary line of a failing run
+_DECOY_OPS = {"<": ("<=", ">"), "<=": ("<", ">="), ">": (">=", "<"), ">=": (">", "<="), "==": ("!=",),
+              "!=": ("==",), "+": ("-",), "-": ("+",), "*": ("//",), "//": ("*",), "%": ("//",),
+              "and": ("or",), "or": ("and",), "True": ("False",), "False": ("True",)}
+
+
+def _decoy_lines(line: str) -> list[str]:
+    """The line with one operator, keyword constant or integer changed: the kind of fix a level-1
+    bug invites, here the wrong kind."""
+    toks = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line + "\n").readline):
+            toks.append(tok)
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass  # an unclosed bracket on this line: the tokens read so far still serve
+    out = []
+    for tok in toks:
+        if tok.start[0] != 1 or tok.end[0] != 1:
+            continue
+        subs = _DECOY_OPS.get(tok.string, ()) if tok.type in (tokenize.OP, tokenize.NAME) else ()
+        if tok.type == tokenize.NUMBER and tok.string.isdigit():
+            n = int(tok.string)
+            subs = (str(n + 1),) + ((str(n - 1),) if n > 1 else ())
+        out += [line[: tok.start[1]] + sub + line[tok.end[1]:] for sub in subs]
+    return out
+
+
+def _decoy_edit(src: str, hunk: Hunk, edit: tuple[str, str],
+                rng: random.Random) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """A wrong fix of a one-line hunk and the edit that then corrects it: ((old_str, wrong_str),
+    (old_str', new_str)), each old_str unique in the file it is applied to, the wrong file still
+    parsing. None when the line offers no such change."""
+    if len(hunk.old) != 1 or len(hunk.new) != 1:
+        return None
+    bug, gold = hunk.old[0], hunk.new[0]
+    cands = [c for c in dict.fromkeys(_decoy_lines(bug)) if c not in (bug, gold)]
+    rng.shuffle(cands)
+    old_str, _ = edit
+    ctx = old_str.split("\n")[:-1]
+    for wrong_line in cands:
+        wrong = "\n".join([*ctx, wrong_line])
+        after = src.replace(old_str, wrong, 1)
+        try:
+            with _AST_LOCK:
+                ast.parse(after)
+        except (SyntaxError, ValueError, SystemError, RecursionError):
+            continue
+        second = unique_old_str(after, Hunk(hunk.path, [wrong_line], [gold], hunk.before))
+        if second is not None:
+            return (old_str, wrong), second
+    return None
 
 
 def _line_of(src: str, text: str) -> int:

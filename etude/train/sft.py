@@ -30,7 +30,7 @@ import random
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -211,6 +211,11 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
                 cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": "no plan"})
                 return
             traj, outcome = run_episode(t, pol, hc)
+            if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
+                cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": "wrong fix passed"})
+                return
+            if pol.untrained:
+                traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
             cache.add({"task_id": t.instance_id, "key": key, "resolved": outcome.resolved,
                        "trajectory": traj.to_dict() if outcome.resolved else None})
         except Exception as e:  # noqa: BLE001 - one task the expert cannot do must not stop the gathering
@@ -292,24 +297,30 @@ class Sequence_:
         return sum(1 for x in self.labels if x != -100)
 
 
-def conversation_sequences(tokenizer: Any, messages: Sequence[Message], source: str = "expert") -> list[Sequence_]:
-    """Token sequences of a conversation with the loss on each assistant turn. Each turn's prompt
-    is `encode_conversation(messages[:k])` — what the harness sends at that turn — and its target
-    `completion_ids(messages[k])`; a turn whose prompt starts with the running sequence extends
-    it, any other starts a new sequence (so the result is exact either way)."""
+def conversation_sequences(tokenizer: Any, messages: Sequence[Message], source: str = "expert",
+                           untrained: Collection[int] = ()) -> list[Sequence_]:
+    """Token sequences of a conversation with the loss on each assistant turn, except the turns
+    numbered (0-based, assistant turns only) in `untrained` (an expert's deliberate wrong fix).
+    Each turn's prompt is `encode_conversation(messages[:k])` — what the harness sends at that
+    turn — and its target `completion_ids(messages[k])`; a turn whose prompt starts with the
+    running sequence extends it, any other starts a new sequence (so the result is exact either
+    way)."""
     out: list[Sequence_] = []
     cur: Sequence_ | None = None
+    turn = -1
     for k, m in enumerate(messages):
         if m.role != "assistant":
             continue
+        turn += 1
         prompt = encode_conversation(tokenizer, messages[:k])
         comp = completion_ids(tokenizer, m)
+        target = [-100] * len(comp) if turn in untrained else comp
         if cur is not None and prompt[: len(cur.ids)] == cur.ids:
             extra = prompt[len(cur.ids):]
             cur.ids += extra + comp
-            cur.labels += [-100] * len(extra) + comp
+            cur.labels += [-100] * len(extra) + target
         else:
-            cur = Sequence_(list(prompt) + comp, [-100] * len(prompt) + comp, source)
+            cur = Sequence_(list(prompt) + comp, [-100] * len(prompt) + target, source)
             out.append(cur)
     return out
 
@@ -562,7 +573,8 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
             if src == "production":
                 cand = list(items)
             else:
-                cand = [s for tr in items for s in conversation_sequences(trainer.tokenizer, tr.messages, src)]
+                cand = [s for tr in items for s in conversation_sequences(
+                    trainer.tokenizer, tr.messages, src, tr.meta.get("untrained_turns") or ())]
             keep = [s for s in cand if len(s.ids) <= cfg.max_sequence_tokens and s.loss_tokens]
             dropped += len(cand) - len(keep)
             seqs[src] = keep

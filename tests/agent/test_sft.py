@@ -55,6 +55,10 @@ def test_sft_tokens_equal_what_the_harness_sends(tmp_path):
         assert seq.labels[len(prompt): len(prompt) + len(comp)] == comp
         assert all(x == -100 for x in seq.labels[: len(prompt)][-3:])
     assert seq.loss_tokens == sum(len(tok(o, add_special_tokens=False)["input_ids"]) + 1 for o in outputs)
+    # an untrained turn (an expert's deliberate wrong fix) keeps its tokens as context, without loss
+    (masked,) = conversation_sequences(tok, traj.messages, untrained=(0,))
+    assert masked.ids == seq.ids
+    assert masked.loss_tokens == len(tok(outputs[1], add_special_tokens=False)["input_ids"]) + 1
 
 
 def test_pack_rows_and_mix_weights():

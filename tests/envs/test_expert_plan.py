@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from etude.envs.expert import TEST_READ_LINES, ExpertPolicy, _test_def
+from etude.envs.expert import MAX_PLAN_TURNS, TEST_READ_LINES, ExpertPolicy, _decoy_lines, _test_def
 from etude.types import Message, Task, ToolCall
 
 SRC = "\n".join(["import math", "", "", "def area(r):", '    """Area of a circle."""', "    k = 2",
@@ -63,7 +63,7 @@ def test_plans_read_from_def_lines_and_some_read_the_test_in_parallel(tmp_path: 
                 first = replies[0]  # the test was found by a grep beside the function's
                 assert [x.arguments.get("path") for x in first if x.name == "grep"] == ["pkg/geo.py", "tests/test_geo.py"]
                 parallel_reads += len([x for x in replies[1] if x.name == "read_file"]) == 2
-        edit = next(c for r in replies for c in r if c.name == "edit_file")
+        edit = [c for r in replies for c in r if c.name == "edit_file"][-1]  # the last: some plans err first
         assert edit.arguments["new_str"].endswith("return math.pi * r ** k")
     assert 5 <= parallel_reads <= 35  # about half of the grep plans (seeded, per task)
     # the plan is a Policy: its replies come back turn by turn, calls as text
@@ -82,6 +82,8 @@ def test_some_plans_recover_from_a_non_unique_old_str_and_submit_quotes_no_code(
     recovered = 0
     for p in plans:
         edits = [c for r in _replies(p) for c in r if c.name == "edit_file"]
+        if p.untrained:  # a wrong fix first instead (the next test)
+            continue
         assert edits[-1].arguments["old_str"] == "    k = 2\n    return math.pi * r ** (k + 1)"
         if len(edits) == 2:
             assert edits[0].arguments["old_str"] == "    return math.pi * r ** (k + 1)"
@@ -91,3 +93,37 @@ def test_some_plans_recover_from_a_non_unique_old_str_and_submit_quotes_no_code(
                 if c.name == "submit":
                     assert "**" not in c.arguments["message"] and '"' not in c.arguments["message"]
     assert 5 <= recovered <= 35
+
+
+def test_some_plans_make_a_wrong_fix_first_untrained_and_checked(tmp_path: Path) -> None:
+    """In some plans the expert first changes the buggy line the wrong way, re-runs the test, then
+    makes the right edit from what is now in the file; SFT is told not to learn the wrong edit,
+    and the plan reports whether the test really failed after it (a passing one is dropped)."""
+    root = _template(tmp_path)
+    assert set(_decoy_lines("    return math.pi * r ** (k + 1)")) >= {"    return math.pi * r ** (k - 1)",
+                                                                      "    return math.pi * r ** (k + 2)"}
+    assert _decoy_lines("x = f(a,") == [] and _decoy_lines("    y = x[") == []  # unclosed: no crash
+    plans = [ExpertPolicy(_task(i), root, seed=i, semantic_search=False) for i in range(60)]
+    wrong = 0
+    for p in plans:
+        assert len(p.turns) <= MAX_PLAN_TURNS
+        replies = [t for t in p.turns]
+        edits = [(k, c) for k, r in enumerate(replies) if not isinstance(r, str) for c in r if c.name == "edit_file"]
+        if not p.untrained:
+            assert p.decoy_check is None and len(edits) == 1
+            continue
+        wrong += 1
+        (k0, bad), (k1, fix) = edits
+        assert p.untrained == [k0] and bad.arguments["old_str"].endswith("r ** (k + 1)")
+        assert bad.arguments["new_str"] not in (bad.arguments["old_str"], "    k = 2\n    return math.pi * r ** k")
+        assert fix.arguments["old_str"].endswith(bad.arguments["new_str"].split("\n")[-1])
+        assert fix.arguments["new_str"].endswith("return math.pi * r ** k")
+        assert replies[k0 + 1][0].name == "run_terminal" and replies[k1 + 1][0].name == "run_terminal"
+        assert p.decoy_check == k0 + 2
+        # what the harness hands back decides whether the plan is kept
+        convo = [Message("user", "fix it")] + [Message("assistant", "x"), Message("tool", "ok")] * (k0 + 1)
+        p.generate(convo + [Message("assistant", "x"), Message("tool", "F\n1 failed in 0.1s")], [])
+        assert p.decoy_failed is True
+        p.generate(convo + [Message("assistant", "x"), Message("tool", "1 passed in 0.1s")], [])
+        assert p.decoy_failed is False
+    assert 5 <= wrong <= 40
