@@ -94,6 +94,19 @@ def _records(out: Path) -> dict[tuple[str, int], dict]:
     return {(r["instance_id"], r["sample"]): r for r in recs}
 
 
+def _why(recs: dict) -> str:
+    """What a failing assertion on episode records prints: each one's status, errors and the tail
+    of its grading run (a CI failure of these tests once showed none of it)."""
+    def one(r: dict) -> str:
+        o = r.get("outcome") or {}
+        missing = [t for part in ("fail_to_pass", "pass_to_pass") for t, st in (o.get(part) or {}).items()
+                   if st == "missing"]
+        return (f"{r.get('instance_id')}#{r.get('sample')}: status={r.get('status')} error={r.get('error')!r} "
+                f"grade_error={o.get('error')!r} missing={len(missing)} {missing[:3]} "
+                f"duration_s={o.get('duration_s')} log_tail={(o.get('log_tail') or '')[-400:]!r}")
+    return "\n".join(one(r) for r in recs.values())
+
+
 def _stable(rec: dict) -> dict:
     """What two runs of a deterministic policy must agree on: times, pids and nodes vary, and so
     does the reward's efficiency term (it counts the tools' wall time) and with it the total."""
@@ -122,8 +135,9 @@ def test_oracle_on_ray_writes_what_threads_write(suite, tmp_path):
     assert not ray.is_initialized()  # the run started its own Ray and stopped it
     ra, rb = _records(a), _records(b)
     assert set(ra) == set(rb) and len(ra) == 2
-    assert all(rb[k]["status"] == "ok" and rb[k]["resolved"] for k in rb)
-    assert {k: _stable(r) for k, r in ra.items()} == {k: _stable(r) for k, r in rb.items()}
+    assert all(ra[k]["status"] == "ok" and ra[k]["resolved"] for k in ra), _why(ra)
+    assert all(rb[k]["status"] == "ok" and rb[k]["resolved"] for k in rb), _why(rb)
+    assert {k: _stable(r) for k, r in ra.items()} == {k: _stable(r) for k, r in rb.items()}, _why(ra) + "\n" + _why(rb)
     assert all("node_id" in r and r["pid"] != os.getpid() for r in rb.values())  # ran in Ray workers
     assert all("node_id" not in r for r in ra.values())
     for r in rb.values():  # the trajectory came back from the worker's node into the run folder
@@ -152,7 +166,7 @@ def test_thread_run_resumes_on_ray_and_policy_errors_read_the_same(suite, tmp_pa
     for iid in {k[0] for k in recs}:
         t, r = recs[(iid, 0)], recs[(iid, 1)]
         assert "node_id" in r and "node_id" not in t
-        assert _stable(t) == _stable(r) and r["efficiency"]["stop_reason"] == "error"
+        assert _stable(t) == _stable(r) and r["efficiency"]["stop_reason"] == "error", _why({0: t, 1: r})
         for rec in (t, r):
             assert "policy failed: RuntimeError: boom" in (a / rec["trajectory"]).read_text()
 
@@ -223,7 +237,7 @@ def test_eval_runs_on_two_raylets_through_ray_address(suite, tmp_path):
         assert summary["episodes"] == 4 and summary["errors"] == 0
         recs = _records(out)
         assert len({r["node_id"] for r in recs.values()}) == 2, [r["node_id"] for r in recs.values()]
-        assert all(r["resolved"] for r in recs.values())
+        assert all(r["resolved"] for r in recs.values()), _why(recs)
     finally:
         for p in nodes:
             os.killpg(p.pid, signal.SIGTERM)
