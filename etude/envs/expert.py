@@ -19,8 +19,9 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
    sometimes reads the function again, then makes the right edit and re-runs the test. The wrong
    edit's turn is listed in `untrained` (SFT puts no loss on it: the model is to learn what to do
    after a failed re-run, not the wrong fix), and a plan whose wrong fix happened to pass the test
-   is reported by `decoy_failed` (False) for the caller to drop. The SFT models before these plans
-   submitted in every episode, even after their re-run test failed;
+   is reported by `decoy_failed` (False) for the caller to drop or to plan again without one
+   (`wrong_first=False`). The SFT models before these plans submitted in every episode, even
+   after their re-run test failed;
 4. re-run the failing test (most of the time; always after a wrong fix);
 5. answer in one sentence that says what changed and where (sometimes through `submit`; a
    `submit` answer names the function, file and test but quotes no code, since code inside a
@@ -164,14 +165,15 @@ class ExpertPolicy:
 
     native_tools = False
 
-    def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True):
+    def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True,
+                 wrong_first: bool = True):
         self.id, self.version = "expert", 0
         self.task = task
         self.rng = random.Random(f"{seed}:{task.instance_id}")
         self.untrained: list[int] = []  # assistant turns (0-based) SFT must not learn from (a wrong fix)
         self.decoy_check: int | None = None  # the turn after a wrong fix's test run, when there is one
         self.decoy_failed: bool | None = None  # whether that run failed, as it must for the plan to be kept
-        self.turns = self._plan(template, semantic_search)
+        self.turns = self._plan(template, semantic_search, wrong_first)
 
     @classmethod
     def for_task(cls, task: Task, template: Path, seed: int = 0, **kw: Any) -> ExpertPolicy | None:
@@ -192,7 +194,7 @@ class ExpertPolicy:
 
     # -- the plan
 
-    def _plan(self, template: Path, semantic: bool) -> list[list[ToolCall] | str]:
+    def _plan(self, template: Path, semantic: bool, wrong_first: bool) -> list[list[ToolCall] | str]:
         t, rng = self.task, self.rng
         hunk = gold_hunk(t.patch)
         if hunk is None:
@@ -235,7 +237,8 @@ class ExpertPolicy:
             tries.append([ToolCall("", "edit_file", {"path": hunk.path, "old_str": bare,
                                                      "new_str": "\n".join(hunk.new)})])
         check = [ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q {test}"})]
-        wrong = _decoy_edit(src, hunk, edit, rng) if test and not tries and rng.random() < DECOY_SHARE else None
+        decoy = wrong_first and test and not tries and rng.random() < DECOY_SHARE
+        wrong = _decoy_edit(src, hunk, edit, rng) if decoy else None
         if wrong is not None and len(reads) + 6 <= MAX_PLAN_TURNS:  # a wrong fix first: see the module doc
             first, second = wrong
             self.untrained.append(1 + len(reads))  # the wrong edit's turn is not trained on
@@ -257,7 +260,7 @@ class ExpertPolicy:
         return plan
 
 
-DECOY_SHARE = 0.4  # of the plans that can have one, the share that first make a wrong fix
+DECOY_SHARE = 0.8  # of the plans that can have one, the share that first make a wrong fix
 MAX_PLAN_TURNS = 8  # configs/agent_sft.toml's harness max_steps: a plan must fit in it
 _FAILED = re.compile(r"\b\d+ (failed|error)")  # pytest's summary line of a failing run
 _DECOY_OPS = {"<": ("<=", ">"), "<=": ("<", ">="), ">": (">=", "<"), ">=": (">", "<="), "==": ("!=",),

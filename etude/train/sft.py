@@ -212,8 +212,8 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
                 return
             traj, outcome = run_episode(t, pol, hc)
             if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
-                cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": "wrong fix passed"})
-                return
+                pol = ExpertPolicy(t, prepare_repo(t), seed, wrong_first=False)  # a plan without one
+                traj, outcome = run_episode(t, pol, hc)
             if pol.untrained:
                 traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
             cache.add({"task_id": t.instance_id, "key": key, "resolved": outcome.resolved,

@@ -126,4 +126,4 @@ def test_some_plans_make_a_wrong_fix_first_untrained_and_checked(tmp_path: Path)
         assert p.decoy_failed is True
         p.generate(convo + [Message("assistant", "x"), Message("tool", "1 passed in 0.1s")], [])
         assert p.decoy_failed is False
-    assert 5 <= wrong <= 40
+    assert 20 <= wrong <= 55  # DECOY_SHARE of the 60 plans (all are short enough here)
