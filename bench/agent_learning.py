@@ -37,6 +37,7 @@ from etude.evals.records import read_records, resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
+from etude.harness.record import load_trajectory
 from etude.tasks.curriculum import build, builtin_curriculum, members
 from etude.train import load_config, train
 from etude.train.checkpoint import latest_checkpoint
@@ -59,7 +60,35 @@ def stage_figures(run: Path) -> dict[str, Any]:
     return {"resolved": k, "tasks": n, "resolved_rate": k / n if n else None, "ci95": [lo, hi],
             "resolved_rate_summary": s["correctness"]["resolved_rate"], "behaviour": s.get("behaviour"),
             "errors": s.get("errors"), "stop_reasons": (s.get("efficiency") or {}).get("stop_reasons"),
-            "reward_mean": (s.get("reward") or {}).get("mean")}
+            "reward_mean": (s.get("reward") or {}).get("mean"), "habits": habits(run)}
+
+
+def habits(run: Path) -> dict[str, Any]:
+    """What the agent did around its edits, read from each held-out episode's trajectory: how
+    often a re-run of the tests after an applied edit still failed, and whether the agent then
+    edited again or stopped (the habit the expert's wrong-fix-first plans are there to teach);
+    edit calls whose old_str equals new_str (refused by the tool); episodes that ended in `submit`."""
+    out = Counter()
+    for rec in records(run).values():
+        if rec.get("status") != "ok" or not rec.get("trajectory") or not (run / rec["trajectory"]).is_file():
+            continue
+        out["episodes"] += 1
+        traj = load_trajectory(run / rec["trajectory"])
+        edited = failed_after_edit = again = False
+        for x in traj.tool_calls:
+            name, args = x.call.name, x.call.arguments
+            if name == "edit_file":
+                out["edit_calls"] += 1
+                out["noop_edit_calls"] += args.get("old_str") == args.get("new_str")
+                again |= failed_after_edit
+                edited |= x.result.ok
+            elif name == "run_terminal" and "pytest" in str(args.get("command", "")) and edited:
+                failed_after_edit |= (x.result.meta or {}).get("exit_code") not in (0, None) or not x.result.ok
+        out["submitted"] += any(x.call.name == "submit" for x in traj.tool_calls)
+        out["failed_rerun_after_edit"] += failed_after_edit
+        out["edited_again_after_failed_rerun"] += again
+        out["resolved_after_failed_rerun"] += failed_after_edit and bool(rec.get("resolved"))
+    return dict(out)
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
