@@ -135,12 +135,14 @@ def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | N
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    names = [s for s in ("base", "previous_sft", "sft", "rl") if s in stages]
+    names = [s for s in ("base", *sorted(k for k in stages if k.startswith("earlier_sft")), "previous_sft", "sft", "rl")
+             if s in stages]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     rates = [stages[s]["resolved_rate"] * 100 for s in names]
     err = [[r - stages[s]["ci95"][0] * 100 for s, r in zip(names, rates, strict=True)],
            [stages[s]["ci95"][1] * 100 - r for s, r in zip(names, rates, strict=True)]]
     colours = {"base": "#999", "previous_sft": "#9c8", "sft": "#4a7", "rl": "#37b"}
+    colours.update({k: "#bdb" for k in names if k.startswith("earlier_sft")})
     ax.bar(names, rates, yerr=err, capsize=6, color=[colours[s] for s in names])
     ax.set_ylabel("held-out resolved (%)")
     ax.set_title(f"level-1 held-out tasks (n={stages['base']['tasks']}), Wilson 95%")
@@ -197,6 +199,9 @@ def main() -> None:
                     help="the held-out evaluation of the stage --sft-init came from (its eval-sft folder): its "
                          "figures and a paired test against this SFT stage join the results (same tasks and "
                          "harness, checked)")
+    ap.add_argument("--earlier-sft", action="append", default=[], metavar="EVAL_DIR",
+                    help="an eval-sft folder of a stage before --previous-sft (repeatable): its figures and a "
+                         "paired test against this stage join the results as earlier_sft_N (same checks)")
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
@@ -247,14 +252,16 @@ def main() -> None:
     walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers)
     stages["sft"] = stage_figures(work / "eval-sft")
 
-    if args.previous_sft:
-        prev = Path(args.previous_sft)
+    earlier = {"previous_sft": args.previous_sft} if args.previous_sft else {}
+    earlier.update({f"earlier_sft_{i + 1}": d for i, d in enumerate(args.earlier_sft)})
+    for name, d in earlier.items():
+        prev = Path(d)
         theirs = json.loads((prev / "run.json").read_text()).get("config", {}).get("harness")
         ours = json.loads((work / "eval-sft" / "run.json").read_text()).get("config", {}).get("harness")
         if theirs != ours or set(resolved_by_task(prev)) != set(resolved_by_task(work / "eval-sft")):
-            raise SystemExit(f"--previous-sft {prev}: not the same held-out tasks and harness as this run")
-        stages["previous_sft"] = stage_figures(prev)
-        stages["previous_sft"]["eval_dir"] = str(prev)
+            raise SystemExit(f"--{name.split('_sft')[0]}-sft {prev}: not the same held-out tasks and harness as this run")
+        stages[name] = stage_figures(prev)
+        stages[name]["eval_dir"] = str(prev)
 
     rl_dir = None
     if not args.skip_rl:
@@ -303,8 +310,8 @@ def main() -> None:
     split.update({s: builtin_curriculum(s, 1) for s in ("train", "validation")})
     walls["curriculum_s"] += time.time() - ts
     comparisons = {"sft_vs_base": paired(work / "eval-base", work / "eval-sft")}
-    if args.previous_sft:
-        comparisons["sft_vs_previous_sft"] = paired(Path(args.previous_sft), work / "eval-sft")
+    for name, d in earlier.items():
+        comparisons[f"sft_vs_{name}"] = paired(Path(d), work / "eval-sft")
     if "rl" in stages:
         comparisons["rl_vs_sft"] = paired(work / "eval-sft", work / "eval-rl")
         comparisons["rl_vs_base"] = paired(work / "eval-base", work / "eval-rl")
