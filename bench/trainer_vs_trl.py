@@ -230,7 +230,7 @@ def run_trl(a: argparse.Namespace) -> dict:
         output_dir=tempfile.mkdtemp(prefix="trl-"), max_steps=a.steps, per_device_train_batch_size=micro,
         num_generations=a.group, max_completion_length=a.max_new_tokens, learning_rate=a.lr, temperature=1.0,
         top_p=1.0, top_k=0, beta=0.0, epsilon=0.2, epsilon_high=0.28, loss_type="dapo", scale_rewards="group",
-        gradient_accumulation_steps=per_step // micro, gradient_checkpointing=False, bf16=False, use_cpu=True, logging_steps=1,
+        gradient_accumulation_steps=per_step // micro, gradient_checkpointing=a.trl_gradient_checkpointing, bf16=False, use_cpu=True, logging_steps=1,
         report_to="none", save_strategy="no", seed=int(a.seeds), lr_scheduler_type="constant", warmup_steps=0,
         max_grad_norm=1.0, disable_tqdm=True,
     )
@@ -283,6 +283,12 @@ def main() -> None:
                          "gradient accumulation covers the rest of the step, one generation batch per optimiser step. "
                          "The realistic setting needs a small one to fit memory (16 x 2k-token samples in one batch "
                          "were OOM-killed at 23.8 GB)")
+    ap.add_argument("--trl-gradient-checkpointing", action="store_true",
+                    help="TRL recomputes activations in backward. Its padded batches (left-padded prompts, "
+                         "right-padded completions) carry an attention mask, which on CPU sends SDPA to the math "
+                         "kernel: every layer keeps its L x L attention probabilities for backward (about 0.2 GB a "
+                         "layer at 2.4k tokens and one sample), which is what a user turns this on for. Ours "
+                         "trains unpadded rows through the fused causal kernel and does not need it")
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds; both trainers run each")
     ap.add_argument("--eval-base", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["etude", "trl"])
@@ -307,7 +313,8 @@ def main() -> None:
     res: dict = {"bench": "trainer_vs_trl", "machine": platform.platform(), "torch": torch.__version__,
                  "transformers": transformers.__version__, "trl_version": trl.__version__,
                  "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
-                                                         "eval_problems", "eval_samples", "trl_micro_batch")} | {"seeds": seeds},
+                                                         "eval_problems", "eval_samples", "trl_micro_batch",
+                                                         "trl_gradient_checkpointing")} | {"seeds": seeds},
                  "setting": a.setting, "prompt_stats": prompt_stats,
                  "env": {k: os.environ.get(k) for k in ("MALLOC_ARENA_MAX", "OMP_NUM_THREADS")},
                  "note": f"CPU only, 2 cores; per seed: medians over steps 2..N; same {a.setting} prompts and reward; "
@@ -321,6 +328,8 @@ def main() -> None:
                 x for k in ("setting", "model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train",
                             "eval_problems", "eval_samples", "prompts_file")
                 if getattr(a, k) is not None for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
+            argv += ["--trl-micro-batch", str(a.trl_micro_batch)]  # stop 20's run lost it here: TRL took whole steps
+            argv += ["--trl-gradient-checkpointing"] if a.trl_gradient_checkpointing else []
             if name == "etude" and seed == seeds[0]:
                 argv.append("--eval-base")
             t0 = time.time()
