@@ -326,9 +326,8 @@ def main() -> None:
                 path = f.name
             argv = [sys.executable, __file__, "--worker", name, "--json", path, "--seeds", str(seed)] + [
                 x for k in ("setting", "model", "steps", "prompts", "group", "max_new_tokens", "lr", "num_train",
-                            "eval_problems", "eval_samples", "prompts_file")
+                            "eval_problems", "eval_samples", "prompts_file", "trl_micro_batch")
                 if getattr(a, k) is not None for x in (f"--{k.replace('_', '-')}", str(getattr(a, k)))]
-            argv += ["--trl-micro-batch", str(a.trl_micro_batch)]  # stop 20's run lost it here: TRL took whole steps
             argv += ["--trl-gradient-checkpointing"] if a.trl_gradient_checkpointing else []
             if name == "etude" and seed == seeds[0]:
                 argv.append("--eval-base")

@@ -53,6 +53,15 @@ from etude.types import Generation, Message, Task, ToolCall
 _AST_LOCK = threading.Lock()
 
 
+def _parse(source: str) -> ast.Module | None:
+    """The module's AST, or None when it does not parse."""
+    try:
+        with _AST_LOCK:  # NOTE: CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
+            return ast.parse(source)
+    except (SyntaxError, ValueError, SystemError, RecursionError):
+        return None
+
+
 @dataclass(frozen=True)
 class Hunk:
     path: str
@@ -96,10 +105,8 @@ def unique_old_str(source: str, hunk: Hunk) -> tuple[str, str] | None:
 
 def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] | None:
     """(first, last) line of the function/method `name` (dotted path allowed) holding `line`."""
-    try:
-        with _AST_LOCK:  # NOTE: CPython 3.11's ast.parse is not thread-safe ("recursion depth mismatch")
-            tree = ast.parse(source)
-    except (SyntaxError, ValueError, SystemError, RecursionError):
+    tree = _parse(source)
+    if tree is None:
         return None
     leaf = name.split(".")[-1]
     best = None
@@ -171,7 +178,6 @@ class ExpertPolicy:
         self.task = task
         self.rng = random.Random(f"{seed}:{task.instance_id}")
         self.untrained: list[int] = []  # assistant turns (0-based) SFT must not learn from (a wrong fix)
-        self.decoy_check: int | None = None  # the turn after a wrong fix's test run, when there is one
         self.decoy_failed: bool | None = None  # whether that run failed, as it must for the plan to be kept
         self.turns = self._plan(template, semantic_search, wrong_first)
 
@@ -191,6 +197,11 @@ class ExpertPolicy:
         out = self.turns[k] if k < len(self.turns) else self.turns[-1]
         text = out if isinstance(out, str) else render_tool_calls_text(out)
         return Generation(text=text, policy_id=self.id, policy_version=self.version)
+
+    @property
+    def decoy_check(self) -> int | None:
+        """The turn that reads the test run after the wrong fix (None: no wrong fix)."""
+        return self.untrained[0] + 2 if self.untrained else None
 
     # -- the plan
 
@@ -242,7 +253,6 @@ class ExpertPolicy:
         if wrong is not None and len(reads) + 6 <= MAX_PLAN_TURNS:  # a wrong fix first: see the module doc
             first, second = wrong
             self.untrained.append(1 + len(reads))  # the wrong edit's turn is not trained on
-            self.decoy_check = 3 + len(reads)  # the turn that reads the test run after it
             again = [reads[-1][:1]] if len(reads) + 7 <= MAX_PLAN_TURNS and rng.random() < 0.5 else []
             fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": second[0], "new_str": second[1]})]
             bad = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": first[0], "new_str": first[1]})]
@@ -304,13 +314,8 @@ def _decoy_edit(src: str, hunk: Hunk, edit: tuple[str, str],
     for wrong_line in cands:
         wrong = "\n".join([*ctx, wrong_line])
         after = src.replace(old_str, wrong, 1)
-        try:
-            with _AST_LOCK:
-                ast.parse(after)
-        except (SyntaxError, ValueError, SystemError, RecursionError):
-            continue
         second = unique_old_str(after, Hunk(hunk.path, [wrong_line], [gold], hunk.before))
-        if second is not None:
+        if second is not None and _parse(after) is not None:
             return (old_str, wrong), second
     return None
 

@@ -206,13 +206,14 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
     def one(t: Task) -> None:
         key = f"{t.instance_id}:{seed}"
         try:
-            pol = ExpertPolicy.for_task(t, prepare_repo(t), seed)
+            template = prepare_repo(t)
+            pol = ExpertPolicy.for_task(t, template, seed)
             if pol is None:
                 cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": "no plan"})
                 return
             traj, outcome = run_episode(t, pol, hc)
             if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
-                pol = ExpertPolicy(t, prepare_repo(t), seed, wrong_first=False)  # a plan without one
+                pol = ExpertPolicy(t, template, seed, wrong_first=False)  # a plan without one
                 traj, outcome = run_episode(t, pol, hc)
             if pol.untrained:
                 traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})

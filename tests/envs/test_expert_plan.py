@@ -107,7 +107,7 @@ def test_some_plans_make_a_wrong_fix_first_untrained_and_checked(tmp_path: Path)
     wrong = 0
     for p in plans:
         assert len(p.turns) <= MAX_PLAN_TURNS
-        replies = [t for t in p.turns]
+        replies = p.turns
         edits = [(k, c) for k, r in enumerate(replies) if not isinstance(r, str) for c in r if c.name == "edit_file"]
         if not p.untrained:
             assert p.decoy_check is None and len(edits) == 1
