@@ -67,13 +67,22 @@ def habits(run: Path) -> dict[str, Any]:
     """What the agent did around its edits, read from each held-out episode's trajectory: how
     often a re-run of the tests after an applied edit still failed, and whether the agent then
     edited again or stopped (the habit the expert's wrong-fix-first plans are there to teach);
-    edit calls whose old_str equals new_str (refused by the tool); episodes that ended in `submit`."""
+    edit calls whose old_str equals new_str (refused by the tool); episodes that ended in `submit`.
+
+    `funnel`: how far each episode got towards the gold fix, from the task's gold patch (its `-`
+    lines are the buggy text in the workspace, its `+` lines the fix): a read_file output showed a
+    buggy line; an edit_file's old_str held a buggy line; that edit's new_str held the fix line."""
     out = Counter()
-    for rec in records(run).values():
+    funnel = Counter()
+    gold = gold_lines(run)
+    for iid, rec in records(run).items():
         if rec.get("status") != "ok" or not rec.get("trajectory") or not (run / rec["trajectory"]).is_file():
             continue
         out["episodes"] += 1
         traj = load_trajectory(run / rec["trajectory"])
+        if iid in gold:
+            for k, v in funnel_steps(traj, *gold[iid]).items():
+                funnel[k] += v
         edited = failed_after_edit = again = False
         for x in traj.tool_calls:
             name, args = x.call.name, x.call.arguments
@@ -88,7 +97,34 @@ def habits(run: Path) -> dict[str, Any]:
         out["failed_rerun_after_edit"] += failed_after_edit
         out["edited_again_after_failed_rerun"] += again
         out["resolved_after_failed_rerun"] += failed_after_edit and bool(rec.get("resolved"))
-    return dict(out)
+    return dict(out) | {"funnel": dict(funnel)}
+
+
+def gold_lines(run: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Per task of the run, the stripped non-blank removed and added lines of its gold patch."""
+    out = {}
+    path = run / "tasks.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        t = json.loads(line)
+        rows = (t.get("patch") or "").splitlines()
+        minus = [r[1:].strip() for r in rows if r.startswith("-") and not r.startswith("---") and r[1:].strip()]
+        plus = [r[1:].strip() for r in rows if r.startswith("+") and not r.startswith("+++") and r[1:].strip()]
+        if minus and plus:
+            out[t["instance_id"]] = (minus, plus)
+    return out
+
+
+def funnel_steps(traj: Any, minus: list[str], plus: list[str]) -> dict[str, bool]:
+    read = edited = fixed = False
+    for x in traj.tool_calls:
+        if x.call.name == "read_file" and x.result.ok:
+            read |= any(m in (x.result.output or "") for m in minus)
+        elif x.call.name == "edit_file":
+            old, new = str(x.call.arguments.get("old_str", "")), str(x.call.arguments.get("new_str", ""))
+            hit = any(m in old for m in minus)
+            edited |= hit
+            fixed |= hit and any(p in new for p in plus)
+    return {"episodes": True, "read_buggy_line": read, "edited_buggy_line": edited, "edit_had_fix": fixed}
 
 
 def records(run: Path) -> dict[str, dict[str, Any]]:
