@@ -5,8 +5,8 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
 1. locate — grep for the function's definition, or run the failing test and grep in one reply,
    or semantic search by the function's name;
 2. read the function in windows of READ_LINES lines from its `def` line (the line grep or
-   semantic search showed), window after window until the bug is on screen: nothing the agent
-   could not have seen decides what it reads. Parallel calls: running the test and grepping in
+   semantic search showed), window after window until the function's end is on screen (at most
+   four windows): nothing the agent could not have seen decides what it reads. Parallel calls: running the test and grepping in
    one reply; and in half of the grep plans, grepping for the failing test's `def` beside the
    function's, then reading the test (TEST_READ_LINES from its `def` line) beside the function's
    first window;
@@ -123,16 +123,18 @@ def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] 
 READ_LINES = 25  # the expert reads a function in windows of this many lines, from its `def` line
 
 
-def _windows(first: int, bug: int, most: int = 4) -> list[tuple[int, int]]:
-    """Windows of READ_LINES lines from the definition's line `first` until the one holding the
-    bug line. Only `first` is on screen for the agent (grep and semantic search show it), so the
-    windows are something a model can learn to ask for; a window placed around the bug (what the
-    expert alone knows) would teach it to guess line numbers it never saw."""
+def _windows(first: int, bug: int, last: int, most: int = 4) -> list[tuple[int, int]]:
+    """Windows of READ_LINES lines from the definition's line `first`, window after window until
+    the function's `last` line is on screen, at most `most` windows. Only what the agent has seen
+    decides what it reads: the `def` line (grep and semantic search show it) and whether the
+    window it just read still ends inside the function. Stopping once the bug is on screen (what
+    stages before the fifth did) used what the expert alone knows, and the model learned to read
+    one window and edit there: in half of its held-out episodes the bug was below that window."""
     out = [(first, first + READ_LINES - 1)]
-    while out[-1][1] < bug:
+    while out[-1][1] < last and len(out) < most:
         lo = out[-1][1] + 1
         out.append((lo, lo + READ_LINES - 1))
-    if len(out) > most:
+    if out[-1][1] < bug:
         raise ValueError(f"the bug is more than {most * READ_LINES} lines into its function")
     return out
 
@@ -231,7 +233,7 @@ class ExpertPolicy:
         else:
             locate = [grep]
         reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
-                 for lo, hi in _windows(span[0], bug_line)]
+                 for lo, hi in _windows(span[0], bug_line, span[1])]
         # Half of the grep plans also find and read the failing test, each beside the function's
         # own grep and first read: independent calls in one reply (the parallel calls to learn).
         test_at = _test_def(template, t.FAIL_TO_PASS[0]) if t.FAIL_TO_PASS and grep in locate else None

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from etude.envs.expert import MAX_PLAN_TURNS, TEST_READ_LINES, ExpertPolicy, _decoy_lines, _test_def
+import pytest
+
+from etude.envs.expert import (
+    MAX_PLAN_TURNS,
+    READ_LINES,
+    TEST_READ_LINES,
+    ExpertPolicy,
+    _decoy_lines,
+    _test_def,
+    _windows,
+)
 from etude.types import Message, Task, ToolCall
 
 SRC = "\n".join(["import math", "", "", "def area(r):", '    """Area of a circle."""', "    k = 2",
@@ -127,3 +137,16 @@ def test_some_plans_make_a_wrong_fix_first_untrained_and_checked(tmp_path: Path)
         p.generate(convo + [Message("assistant", "x"), Message("tool", "1 passed in 0.1s")], [])
         assert p.decoy_failed is False
     assert 20 <= wrong <= 55  # DECOY_SHARE of the 60 plans (all are short enough here)
+
+
+def test_windows_read_to_the_functions_end_not_to_the_bug() -> None:
+    """The expert reads 25-line windows from the `def` line until the function's last line is on
+    screen (at most four): where the bug sits does not decide how far it reads."""
+    assert _windows(10, 12, 20) == [(10, 10 + READ_LINES - 1)]
+    # the bug in the first window of a 60-line function: all three windows are read
+    assert _windows(10, 12, 70) == [(10, 34), (35, 59), (60, 84)]
+    assert _windows(10, 65, 70) == _windows(10, 12, 70)
+    # a longer function: four windows, and a bug below them cannot be planned
+    assert len(_windows(1, 90, 400)) == 4
+    with pytest.raises(ValueError, match="more than 100 lines"):
+        _windows(1, 120, 400)
