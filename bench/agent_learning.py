@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.configfile import parse_set
+from etude.envs.expert import gold_hunk
 from etude.evals import EvalConfig, run_eval
 from etude.evals.records import read_records, resolved_by_task
 from etude.evals.stats import mcnemar_exact, wilson_ci
@@ -101,14 +102,15 @@ def habits(run: Path) -> dict[str, Any]:
 
 
 def gold_lines(run: Path) -> dict[str, tuple[list[str], list[str]]]:
-    """Per task of the run, the stripped non-blank removed and added lines of its gold patch."""
+    """Per task of the run with a one-hunk gold patch (`etude.envs.expert.gold_hunk`, as every
+    level-1 task has), the stripped non-blank lines it removes and adds."""
     out = {}
     path = run / "tasks.jsonl"
     for line in path.read_text().splitlines() if path.is_file() else ():
         t = json.loads(line)
-        rows = (t.get("patch") or "").splitlines()
-        minus = [r[1:].strip() for r in rows if r.startswith("-") and not r.startswith("---") and r[1:].strip()]
-        plus = [r[1:].strip() for r in rows if r.startswith("+") and not r.startswith("+++") and r[1:].strip()]
+        hunk = gold_hunk(t.get("patch") or "")
+        minus = [r.strip() for r in hunk.old if r.strip()] if hunk else []
+        plus = [r.strip() for r in hunk.new if r.strip()] if hunk else []
         if minus and plus:
             out[t["instance_id"]] = (minus, plus)
     return out

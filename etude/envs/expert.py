@@ -6,10 +6,10 @@ Plan (varied per task by a seeded RNG, so a model learns the skill rather than o
    or semantic search by the function's name;
 2. read the function in windows of READ_LINES lines from its `def` line (the line grep or
    semantic search showed), window after window until the function's end is on screen (at most
-   four windows): nothing the agent could not have seen decides what it reads. Parallel calls: running the test and grepping in
-   one reply; and in half of the grep plans, grepping for the failing test's `def` beside the
-   function's, then reading the test (TEST_READ_LINES from its `def` line) beside the function's
-   first window;
+   four windows): nothing the agent could not have seen decides what it reads. Parallel calls:
+   running the test and grepping in one reply; and in half of the grep plans, grepping for the
+   failing test's `def` beside the function's, then reading the test (TEST_READ_LINES from its
+   `def` line) beside the function's first window;
 3. edit with `old_str`/`new_str` taken from the gold patch's hunk (made unique in the file by
    adding context lines). Recovery: when the changed line alone is not unique, half of those
    plans first try it alone, see the edit tool's real "occurs N times" error, and retry with the
