@@ -1,6 +1,7 @@
 """`TasksEnv`: repository tasks as an RL environment (`protocols.Env`) — multi-turn episodes
 through the harness and the sandbox (`run_episode`), graded in a clean copy and scored by
-`etude.rewards.score`. The single-turn families live in `etude.train.envs`.
+`etude.rewards.score` under the `rewards` table (`[env.rewards]`: weights, budgets, flag policy;
+defaults when absent). The single-turn families live in `etude.train.envs`.
 
 Tasks come from `tasks_file`: a JSONL, or `builtin:curriculum:SPLIT[:LEVEL]` (the curriculum's
 package-disjoint split), or, when unset, the built-in suite. Evaluation uses `eval_tasks_file`
@@ -53,11 +54,13 @@ class TasksEnv:
     name = "tasks"
 
     def __init__(self, tasks_file: str | None = None, num_train: int = 8, num_test: int = 1, max_steps: int = 6,
-                 eval_tasks_file: str | None = None, workers: int = 1, harness: dict[str, Any] | None = None, **_: Any):
+                 eval_tasks_file: str | None = None, workers: int = 1, harness: dict[str, Any] | None = None,
+                 rewards: dict[str, Any] | None = None, **_: Any):
         self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
         self.eval_tasks_file, self.workers = eval_tasks_file, max(1, workers)
         self.harness = dict(harness or {})
         HarnessConfig(**{**self.harness, "max_steps": max_steps})  # a bad key fails now, not mid-run
+        self.reward_config = RewardConfig.from_dict(rewards or {})  # `[env.rewards]`: weights, budgets, flags
         self._cache: dict[str, list[Task]] = {}
         self._stats: dict[str, list[int]] = {}  # task id -> [solved, tried]
         self._lock = threading.Lock()
@@ -129,7 +132,7 @@ class TasksEnv:
 
     def _one(self, policy: Any, p: Problem, hc: HarnessConfig) -> Episode:
         traj, outcome = run_episode(p.answer, policy, hc)
-        br = score(traj, p.answer, outcome, RewardConfig())
+        br = score(traj, p.answer, outcome, self.reward_config)
         with self._lock:
             s = self._stats.setdefault(p.id, [0, 0])
             s[0] += int(outcome.resolved)

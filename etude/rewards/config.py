@@ -28,6 +28,8 @@ def _default_weights() -> dict[str, float]:
         "unsupported_claims": 0.3,
         "needless_clarification": 0.3,
         "verbosity": 0.05,
+        # Closeness to the reference patch: reported, not counted (agentic RL may weight it).
+        "patch_similarity": 0.0,
         # Production terms: None (skipped) unless trajectory.meta["feedback"] carries the signal.
         "edit_persistence": 0.5,
         "followup": 0.5,

@@ -6,7 +6,7 @@ A term is a pure function returning a float, or None when it does not apply to t
 required argument is missing — so `score_patch`, which has no trajectory, runs the same rubric.
 Terms are collected into a rubric explicitly (etude.rewards.rubric); nothing registers on import.
 
-Ranges: correctness and parallelism in [0, 1]; efficiency in [0, 1]; penalties in [-1, 0].
+Ranges: correctness, parallelism, efficiency and patch_similarity in [0, 1]; penalties in [-1, 0].
 """
 
 from __future__ import annotations
@@ -14,9 +14,12 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
+from difflib import SequenceMatcher
 from typing import Any
 
 from etude.rewards.config import RewardConfig
+from etude.rewards.detectors import is_test_path, task_test_paths
+from etude.rewards.diff import parse_diff
 from etude.types import Outcome, Task, ToolExecution, Trajectory
 
 TermFn = Callable[..., float | None]
@@ -116,6 +119,39 @@ def broken_calls(trajectory: Trajectory, config: RewardConfig) -> float:
     """-min(1, n * penalty): each malformed call (parse error) or failing call (ok=False) costs.
     Always applies, so an episode full of broken calls cannot dodge its negative outcome."""
     return -min(1.0, trajectory.broken_calls * config.broken_call_penalty)
+
+
+# --- closeness to the reference patch ---------------------------------------------------------
+
+
+def _changes(patch: str, tests: set[str]) -> str:
+    """The lines a patch removes and adds in library files, file by file, each stripped of its
+    indentation: what two patches are compared on (hunk headers and context left out)."""
+    out = []
+    for fd in sorted(parse_diff(patch), key=lambda f: f.path):
+        if is_test_path(fd.path, tests):
+            continue
+        out.append(f"{fd.path}\n")
+        for h in fd.hunks:
+            out += [f"{m}{t.strip()}\n" for m, t, _ in h.lines if m in "+-"]
+    return "".join(out)
+
+
+def patch_similarity(patch: str, task: Task | None) -> float | None:
+    """How close the episode's change is to the task's reference patch, in [0, 1]: difflib's
+    ratio between the lines each removes and adds in library files (test files left out) — the
+    dense reward SWE-RL (Wei et al., 2025) trains on. An edit of the right line with a wrong fix
+    scores well above no edit or an edit elsewhere, so GRPO groups on tasks no sample solves
+    still carry a signal. None without a task or a reference patch (production episodes).
+    A change far longer than the reference is cut before comparing (its ratio is low anyway)."""
+    if task is None or not task.patch.strip():
+        return None
+    tests = task_test_paths(task)
+    gold = _changes(task.patch, tests)
+    if not gold:
+        return None
+    mine = _changes(patch or "", tests)[: 4 * len(gold) + 1000]
+    return SequenceMatcher(None, gold, mine, autojunk=False).ratio()
 
 
 # --- what the agent said -----------------------------------------------------------------------
@@ -282,4 +318,5 @@ BUILTIN_TERMS: dict[str, TermFn] = {
     "unsupported_claims": unsupported_claims,
     "needless_clarification": needless_clarification,
     "verbosity": verbosity,
+    "patch_similarity": patch_similarity,
 }

@@ -44,6 +44,16 @@ def test_choose_prefers_tasks_solved_half_the_time():
     assert len(set(two)) == 2
 
 
+def test_env_rewards_table_sets_the_weights_and_rejects_bad_ones():
+    from etude.errors import EtudeError
+
+    env = TasksEnv(tasks_file="x.jsonl", rewards={"weights": {"patch_similarity": 0.5}})
+    assert env.reward_config.weights["patch_similarity"] == 0.5 and env.reward_config.weights["correctness"] == 1.0
+    assert TasksEnv(tasks_file="x.jsonl").reward_config.weights["patch_similarity"] == 0.0
+    with pytest.raises(EtudeError):
+        TasksEnv(tasks_file="x.jsonl", rewards={"wieghts": {}})
+
+
 @pytest.mark.slow
 def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
     """`etude train` with the tasks env on real repository tasks: episodes run through the harness
@@ -57,7 +67,7 @@ def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
     cfg.write_text(f'model = "tiny"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\nmax_new_tokens = 16\n'
                    f'eval_every = 0\neval_problems = 1\ncheckpoint_every = 1\nprecision = "fp32"\n'
                    f'[env]\nname = "tasks"\ntasks_file = "{f}"\nnum_test = 1\nmax_steps = 2\nworkers = 2\n'
-                   f'[env.harness]\nmax_observation_chars = 500\n')
+                   f'[env.harness]\nmax_observation_chars = 500\n[env.rewards.weights]\npatch_similarity = 0.5\n')
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "etude.cli", "train", "--config", str(cfg), "--out", str(out)],
                        capture_output=True, text=True, timeout=900)

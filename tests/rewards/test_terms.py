@@ -131,3 +131,36 @@ def test_logged_conversation_without_turns_uses_assistant_messages() -> None:
     assert T.answers(t) == ["Do you want me to rename it everywhere or only in utils.py?"]
     assert T.needless_clarification(t, None, CFG) == -1.0
     assert T.verbosity(t, CFG) == 0.0
+
+
+GOLD = """--- a/pkg/core.py
++++ b/pkg/core.py
+@@ -10,3 +10,3 @@ def clamp(x, lo, hi):
+     if x < lo:
+-        return hi
++        return lo
+     return x
+"""
+
+
+def _patch(path: str, old: str, *new: str) -> str:
+    added = "".join(f"+{line}\n" for line in new)
+    return f"--- a/{path}\n+++ b/{path}\n@@ -1,1 +1,{len(new)} @@\n-{old}\n{added}"
+
+
+def test_patch_similarity_ranks_the_right_line_above_a_wrong_one_and_no_change() -> None:
+    t = task(patch=GOLD, FAIL_TO_PASS=("tests/test_core.py::test_clamp",))
+    exact = T.patch_similarity(GOLD.replace("@@ -10,3 +10,3 @@ def clamp(x, lo, hi):", "@@ -9,3 +9,3 @@"), t)
+    right_line_wrong_fix = T.patch_similarity(_patch("pkg/core.py", "        return hi", "        return x"), t)
+    wrong_line = T.patch_similarity(_patch("pkg/core.py", "    if x < lo:", "    if x <= lo:"), t)
+    nothing = T.patch_similarity("", t)
+    assert exact == 1.0  # hunk headers and context are not compared
+    assert 1.0 > right_line_wrong_fix > wrong_line > nothing == 0.0
+    # a test file's change never counts towards the reference
+    assert T.patch_similarity(_patch("tests/test_core.py", "        return hi", "        return lo"), t) == 0.0
+    assert T.patch_similarity(GOLD, None) is None and T.patch_similarity(GOLD, task()) is None
+
+
+def test_patch_similarity_bounds_a_huge_change() -> None:
+    huge = _patch("pkg/core.py", "        return hi", "        return lo", *["x = 1"] * 50_000)
+    assert 0.0 < T.patch_similarity(huge, task(patch=GOLD)) < 0.1
