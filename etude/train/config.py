@@ -42,6 +42,9 @@ class EnvConfig:
     harness: dict[str, Any] = field(default_factory=dict)
     """tasks: HarnessConfig fields of every episode (max_observation_chars, tools, tool_prompt, ...);
     max_steps, max_tokens_per_turn and temperature come from this config."""
+    rewards: dict[str, Any] = field(default_factory=dict)
+    """tasks: the episodes' `etude.rewards.RewardConfig` (`[env.rewards]`: weights, budgets, flag
+    policy; a key left out keeps its default), e.g. `weights.patch_similarity = 0.5`."""
     episodes_file: str | None = None
     """episodes: JSONL of `etude.types.Episode.to_dict()` (sampled earlier, with their behaviour
     log-probs) replayed as the rollouts; the loop trains its candidate on distilled production
@@ -190,6 +193,10 @@ class TrainConfig:
             raise EtudeError(f"rollout_backend must be hf or vllm, not {self.rollout_backend!r}")
         if self.rollout_backend == "vllm" and self.use_ray:
             raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
+        if self.env.rewards:  # a typo fails before any model is loaded
+            from etude.rewards import RewardConfig
+
+            RewardConfig.from_dict(self.env.rewards)
         if self.precision not in ("auto", "fp32", "bf16", "fp8", "mxfp8"):
             raise EtudeError(f"precision must be auto, fp32, bf16, fp8 or mxfp8, not {self.precision!r}")
         if self.device not in ("auto", "cpu", "cuda"):

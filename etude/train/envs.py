@@ -225,5 +225,5 @@ def make_env(cfg: Any) -> Env:
     if cls is None:
         raise EtudeError(f"unknown env {cfg.name!r}; known: {', '.join(ENVS)}")
     kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps",
-                                        "eval_tasks_file", "workers", "harness", "episodes_file")}
+                                        "eval_tasks_file", "workers", "harness", "rewards", "episodes_file")}
     return cls(**kw)

@@ -52,6 +52,10 @@ def test_env_rewards_table_sets_the_weights_and_rejects_bad_ones():
     assert TasksEnv(tasks_file="x.jsonl").reward_config.weights["patch_similarity"] == 0.0
     with pytest.raises(EtudeError):
         TasksEnv(tasks_file="x.jsonl", rewards={"wieghts": {}})
+    from etude.train.config import EnvConfig
+
+    with pytest.raises(EtudeError, match="wieghts"):  # in a training config: before any model loads
+        TrainConfig(env=EnvConfig(name="tasks", rewards={"wieghts": {}}))
 
 
 @pytest.mark.slow
