@@ -173,13 +173,14 @@ def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | N
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    names = [s for s in ("base", *sorted(k for k in stages if k.startswith("earlier_sft")), "previous_sft", "sft", "rl")
+    names = [s for s in ("base", *sorted(k for k in stages if k.startswith("earlier_sft")), "previous_sft", "sft",
+                         "previous_rl", "rl")
              if s in stages]
     fig, ax = plt.subplots(figsize=(5, 3.2))
     rates = [stages[s]["resolved_rate"] * 100 for s in names]
     err = [[r - stages[s]["ci95"][0] * 100 for s, r in zip(names, rates, strict=True)],
            [stages[s]["ci95"][1] * 100 - r for s, r in zip(names, rates, strict=True)]]
-    colours = {"base": "#999", "previous_sft": "#9c8", "sft": "#4a7", "rl": "#37b"}
+    colours = {"base": "#999", "previous_sft": "#9c8", "sft": "#4a7", "previous_rl": "#9bd", "rl": "#37b"}
     colours.update({k: "#bdb" for k in names if k.startswith("earlier_sft")})
     ax.bar(names, rates, yerr=err, capsize=6, color=[colours[s] for s in names])
     ax.set_ylabel("held-out resolved (%)")
@@ -240,6 +241,10 @@ def main() -> None:
     ap.add_argument("--earlier-sft", action="append", default=[], metavar="EVAL_DIR",
                     help="an eval-sft folder of a stage before --previous-sft (repeatable): its figures and a "
                          "paired test against this stage join the results as earlier_sft_N (same checks)")
+    ap.add_argument("--previous-rl", default=None, metavar="EVAL_DIR",
+                    help="the held-out evaluation of an earlier RL run from the same SFT stage (its eval-rl folder, "
+                         "e.g. with another reward): its figures and a paired test against this RL stage join the "
+                         "results as previous_rl (same checks)")
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
@@ -290,16 +295,22 @@ def main() -> None:
     walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers)
     stages["sft"] = stage_figures(work / "eval-sft")
 
-    earlier = {"previous_sft": args.previous_sft} if args.previous_sft else {}
-    earlier.update({f"earlier_sft_{i + 1}": d for i, d in enumerate(args.earlier_sft)})
-    for name, d in earlier.items():
+    def join(name: str, flag: str, d: str) -> None:
+        """Another run's held-out evaluation joins the results (same tasks and harness, checked)."""
         prev = Path(d)
         theirs = json.loads((prev / "run.json").read_text()).get("config", {}).get("harness")
         ours = json.loads((work / "eval-sft" / "run.json").read_text()).get("config", {}).get("harness")
         if theirs != ours or set(resolved_by_task(prev)) != set(resolved_by_task(work / "eval-sft")):
-            raise SystemExit(f"--{name.split('_sft')[0]}-sft {prev}: not the same held-out tasks and harness as this run")
+            raise SystemExit(f"{flag} {prev}: not the same held-out tasks and harness as this run")
         stages[name] = stage_figures(prev)
         stages[name]["eval_dir"] = str(prev)
+
+    earlier = {"previous_sft": args.previous_sft} if args.previous_sft else {}
+    earlier.update({f"earlier_sft_{i + 1}": d for i, d in enumerate(args.earlier_sft)})
+    for name, d in earlier.items():
+        join(name, f"--{name.split('_sft')[0]}-sft", d)
+    if args.previous_rl:
+        join("previous_rl", "--previous-rl", args.previous_rl)
 
     rl_dir = None
     if not args.skip_rl:
@@ -323,6 +334,8 @@ def main() -> None:
         stages["rl"]["train"] = {"steps": len(tr), "groups_skipped": sum(r.get("groups_skipped", 0) for r in tr),
                                  "groups": sum(r.get("samples", 0) for r in tr) // max(1, rl_cfg.group_size),
                                  "reward_by_step": [r["reward"] for r in tr],
+                                 "patch_similarity_by_step": [r.get("reward/patch_similarity") for r in tr],
+                                 "step_s": [r.get("step_s") for r in tr], "gen_s": [r.get("gen_s") for r in tr],
                                  "alarms": sum(1 for r in read_metrics(rl_dir) if r.get("alarm/reward_up_val_down"))}
 
     no_split: dict[str, Any] = {}
@@ -353,6 +366,8 @@ def main() -> None:
     if "rl" in stages:
         comparisons["rl_vs_sft"] = paired(work / "eval-sft", work / "eval-rl")
         comparisons["rl_vs_base"] = paired(work / "eval-base", work / "eval-rl")
+        if args.previous_rl:
+            comparisons["rl_vs_previous_rl"] = paired(Path(args.previous_rl), work / "eval-rl")
     b = stages["sft"]["behaviour"] or {}
     met = {
         "valid_call_rate_sft>=0.95": (b.get("valid_call_rate") or {}).get("mean") is not None
