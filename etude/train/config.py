@@ -13,6 +13,7 @@ from typing import Any
 
 from etude.configfile import build, load
 from etude.errors import EtudeError
+from etude.rewards import RewardConfig
 from etude.train.losses import ADVANTAGES, AGGREGATIONS, LossConfig
 
 
@@ -194,8 +195,6 @@ class TrainConfig:
         if self.rollout_backend == "vllm" and self.use_ray:
             raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
         if self.env.rewards:  # a typo fails before any model is loaded
-            from etude.rewards import RewardConfig
-
             RewardConfig.from_dict(self.env.rewards)
         if self.precision not in ("auto", "fp32", "bf16", "fp8", "mxfp8"):
             raise EtudeError(f"precision must be auto, fp32, bf16, fp8 or mxfp8, not {self.precision!r}")
