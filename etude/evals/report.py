@@ -54,7 +54,7 @@ def _plots(out: Path, summary: dict[str, Any], records: list[dict[str, Any]]) ->
     rate = summary["correctness"]["resolved_rate"]
     tok = summary["efficiency"]["tokens"]
     if rate["mean"] is not None and tok["mean"] is not None:
-        err = [[rate["mean"] - rate["ci_low"]], [rate["ci_high"] - rate["mean"]]]
+        err = [[max(0.0, rate["mean"] - rate["ci_low"])], [max(0.0, rate["ci_high"] - rate["mean"])]]
         ax.errorbar(
             [tok["mean"]],
             [rate["mean"]],

@@ -60,7 +60,9 @@ def wilson_ci(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]
     d = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / d
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The interval always holds p: in floating point centre - half can land a hair above 0 at k = 0
+    # (5.6e-17 for 0/3), and an error bar below the mean would then be negative.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 def mean_ci(values: Sequence[float], **kw: float | int) -> dict[str, float | int | None]:

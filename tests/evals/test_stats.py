@@ -47,6 +47,8 @@ def test_wilson_interval_of_a_handful_of_tasks_is_never_zero_width():
     low, high = wilson_ci(0, 2)
     assert low == 0.0 and high == pytest.approx(0.6576, abs=1e-3)  # not the bootstrap's [0, 0]
     assert mean_ci([0.0, 0.0]) == {"mean": 0.0, "ci_low": 0.0, "ci_high": pytest.approx(0.6576, abs=1e-3), "n": 2}
+    for n in range(1, 60):  # the interval holds the estimate exactly at the ends (0/3 once gave 5.6e-17)
+        assert wilson_ci(0, n)[0] == 0.0 and wilson_ci(n, n)[1] == 1.0
     low, high = wilson_ci(7, 10)
     assert low == pytest.approx(0.3968, abs=1e-3) and high == pytest.approx(0.8922, abs=1e-3)
     # non-0/1 values keep the bootstrap
