@@ -87,20 +87,21 @@ class RewardConfig:
     """a voided episode's total is min(total, this): a hack can never beat an honest failure."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RewardConfig:
-        """Fields from a dict; `weights` and `flag_policy` are merged over the defaults."""
+    def from_dict(cls, d: dict[str, Any], where: str = "rewards") -> RewardConfig:
+        """Fields from a dict; `weights` and `flag_policy` are merged over the defaults. `where` names
+        the table in error messages (`env.rewards` in a training config)."""
         kw = dict(d)
         for key in ("weights", "flag_policy"):
             if key in kw and not isinstance(kw[key], dict):
-                raise EtudeError(f"rewards.{key} must be a table, not {type(kw[key]).__name__} ({kw[key]!r})")
+                raise EtudeError(f"{where}.{key} must be a table, not {type(kw[key]).__name__} ({kw[key]!r})")
         if "weights" in kw:
             kw["weights"] = {**_default_weights(), **{k: float(v) for k, v in kw["weights"].items()}}
         if "flag_policy" in kw:
             bad = {k: v for k, v in kw["flag_policy"].items() if v not in ("void", "penalise", "ignore")}
             if bad:
-                raise EtudeError(f"flag_policy values must be void|penalise|ignore, got {bad}")
+                raise EtudeError(f"{where}.flag_policy values must be void|penalise|ignore, got {bad}")
             kw["flag_policy"] = {**_default_flag_policy(), **kw["flag_policy"]}
-        return build(cls, kw, "rewards")
+        return build(cls, kw, where)
 
     @classmethod
     def from_toml(cls, path: str | Path, table: str = "rewards", overrides: dict[str, Any] | None = None) -> RewardConfig:

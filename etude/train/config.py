@@ -195,7 +195,7 @@ class TrainConfig:
         if self.rollout_backend == "vllm" and self.use_ray:
             raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
         if self.env.rewards:  # a typo fails before any model is loaded
-            RewardConfig.from_dict(self.env.rewards)
+            RewardConfig.from_dict(self.env.rewards, "env.rewards")
         if self.precision not in ("auto", "fp32", "bf16", "fp8", "mxfp8"):
             raise EtudeError(f"precision must be auto, fp32, bf16, fp8 or mxfp8, not {self.precision!r}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -54,7 +54,7 @@ def test_env_rewards_table_sets_the_weights_and_rejects_bad_ones():
         TasksEnv(tasks_file="x.jsonl", rewards={"wieghts": {}})
     from etude.train.config import EnvConfig
 
-    with pytest.raises(EtudeError, match="wieghts"):  # in a training config: before any model loads
+    with pytest.raises(EtudeError, match=r"\[env\.rewards\]: wieghts"):  # in a training config: before a model loads
         TrainConfig(env=EnvConfig(name="tasks", rewards={"wieghts": {}}))
 
 
