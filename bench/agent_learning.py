@@ -156,11 +156,12 @@ def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
             "mcnemar_p": mcnemar_exact(x, y)}
 
 
-def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int) -> float:
+def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int, backend: str = "hf") -> float:
     t0 = time.time()
     # threads: every stage on the same executor (Ray adds actor hops and runs fewer episodes per
     # second on 2 cores, bench/ray_episodes.py)
-    cfg = EvalConfig(workers=workers, executor="threads", harness=hc, report=False, progress=True, bootstrap=500)
+    cfg = EvalConfig(workers=workers, executor="threads", harness=hc, report=False, progress=True, bootstrap=500,
+                     backend=backend)
     run_eval(tasks, model, out, cfg)
     return time.time() - t0
 
@@ -231,6 +232,9 @@ def main() -> None:
     ap.add_argument("--sft-init", default=None,
                     help="start SFT from this checkpoint instead of --model (a second SFT stage); the base "
                          "evaluation is still of --model")
+    ap.add_argument("--sft-model", default=None, metavar="DIR",
+                    help="an SFT model trained elsewhere (bench/gpu_sft.py merge writes one, with summary.json and "
+                         "metrics.jsonl beside it): evaluated as the SFT stage instead of running `etude sft` here")
     ap.add_argument("--sft-lr", type=float, default=None)
     ap.add_argument("--sft-seed", type=int, default=None,
                     help="the expert's plan variations and the SFT order (a later stage on new variations)")
@@ -248,6 +252,8 @@ def main() -> None:
     ap.add_argument("--rl-steps", type=int, default=None)
     ap.add_argument("--test-max", type=int, default=None)
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--eval-backend", default="hf", choices=("hf", "vllm"),
+                    help="engine of the held-out evaluations (vllm: run under .venv-vllm, `make setup-vllm`)")
     ap.add_argument("--eval-temperature", type=float, default=0.0,
                     help="sampling temperature of the held-out evaluations (0 = greedy, pass@1)")
     ap.add_argument("--skip-rl", action="store_true")
@@ -284,15 +290,23 @@ def main() -> None:
 
     stages: dict[str, Any] = {}
     log(f"base eval on {len(test)} held-out tasks")
-    walls["base_eval_s"] = evaluate(test, args.model, work / "eval-base", hc, args.workers)
+    walls["base_eval_s"] = evaluate(test, args.model, work / "eval-base", hc, args.workers, args.eval_backend)
     stages["base"] = stage_figures(work / "eval-base")
 
     log("sft")
     ts = time.time()
-    sft = run_sft(sft_cfg, work / "sft")
+    sft_dir = work / "sft"
+    if args.sft_model:  # trained on another machine (bench/gpu_sft.py): its figures come with it
+        sft_dir = Path(args.sft_model).parent
+        try:
+            sft = {**json.loads((sft_dir / "summary.json").read_text()), "final": args.sft_model}
+        except (OSError, ValueError):
+            raise SystemExit(f"--sft-model {args.sft_model}: no readable summary.json beside it") from None
+    else:
+        sft = run_sft(sft_cfg, sft_dir)
     walls["sft_s"] = time.time() - ts
     log("sft eval")
-    walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers)
+    walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers, args.eval_backend)
     stages["sft"] = stage_figures(work / "eval-sft")
 
     def join(name: str, flag: str, d: str) -> None:
@@ -325,7 +339,7 @@ def main() -> None:
         walls["rl_s"] = time.time() - ts
         ckpt = latest_checkpoint(rl_dir) or Path(res["checkpoint"])
         log("rl eval")
-        walls["rl_eval_s"] = evaluate(test, str(ckpt), work / "eval-rl", hc, args.workers)
+        walls["rl_eval_s"] = evaluate(test, str(ckpt), work / "eval-rl", hc, args.workers, args.eval_backend)
         stages["rl"] = stage_figures(work / "eval-rl")
         stages["rl"]["checkpoint"] = str(ckpt)
         tr = [r for r in read_metrics(rl_dir) if r.get("kind") == "train"]
@@ -349,7 +363,7 @@ def main() -> None:
         models = {"base": args.model, "sft": sft["final"], **({"rl": stages["rl"]["checkpoint"]} if "rl" in stages else {})}
         for name, m in models.items():
             log(f"no-split eval: {name}")
-            walls[f"no_split_{name}_eval_s"] = evaluate(extra, m, work / f"nosplit-{name}", hc, args.workers)
+            walls[f"no_split_{name}_eval_s"] = evaluate(extra, m, work / f"nosplit-{name}", hc, args.workers, args.eval_backend)
             no_split[name] = stage_figures(work / f"nosplit-{name}")
         no_split["packages"] = specs
         no_split["sft_vs_base"] = paired(work / "nosplit-base", work / "nosplit-sft")
@@ -388,12 +402,13 @@ def main() -> None:
         "split": {s: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
                   for s, v in split.items()},
         "held_out_tasks": len(test), "split_members": {s: [m.spec for m in members(s)] for s in split},
-        "harness": hc.to_dict(), "sft": {k: sft[k] for k in ("steps", "sequences", "trajectories", "train_tokens",
-                                                             "loss_tokens", "gather_s", "train_s", "final")},
+        "harness": hc.to_dict(), "sft": {k: sft.get(k) for k in ("steps", "sequences", "trajectories", "train_tokens",
+                                                                 "loss_tokens", "gather_s", "train_s", "final",
+                                                                 "trained_on", "adapter") if k in sft},
         "stages": stages, "comparisons": comparisons, "no_split": no_split, "targets": TARGETS, "targets_met": met,
         "wall_s": walls,
     }
-    result["plots"] = plots(Path(args.out).with_suffix(""), stages, work / "sft", rl_dir)
+    result["plots"] = plots(Path(args.out).with_suffix(""), stages, sft_dir, rl_dir)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     log(f"wrote {args.out}")
