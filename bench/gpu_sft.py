@@ -16,7 +16,7 @@ environments and PyPI). The work is split where it is cheap to move:
       directory that `etude eval` and every other command load.
 
     .venv/bin/python bench/gpu_sft.py prepare --config configs/agent_sft.toml --out runs/gpu_sft --seeds 0,1
-    python3 bench/gpu_sft.py train --sequences runs/gpu_sft/sequences.npz --out $OUT   # on the GPU machine
+    python3 bench/gpu_sft.py train --sequences runs/gpu_sft/sequences.npz --row-tokens 24000 --out $OUT  # GPU machine
     .venv/bin/python bench/gpu_sft.py merge --adapter DIR --out runs/gpu_sft/final
 
 bench/gpu_agent_learning.sh is the same pipeline for a GPU machine that has PyPI and a sandbox.
@@ -135,7 +135,7 @@ def train(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = SFTConfig(model=args.model, epochs=args.epochs, lr=args.lr, warmup_steps=args.warmup,
-                    batch_sequences=args.batch, row_tokens=0, max_sequence_tokens=10**9, precision="bf16",
+                    batch_sequences=args.batch, row_tokens=args.row_tokens, max_sequence_tokens=10**9, precision="bf16",
                     seed=args.seed, lora=LoraConfig(enabled=True, r=args.r, alpha=args.alpha))
     work = Path(args.work)
     trainer = _Trainer(cfg, work)
@@ -145,12 +145,16 @@ def train(args: argparse.Namespace) -> None:
     curve = []
     t0 = time.time()
     for step in range(steps):
+        if args.max_train_s and time.time() - t0 > args.max_train_s:
+            print(f"stopped at step {step}/{steps}: --max-train-s {args.max_train_s} spent", flush=True)
+            break
         batch = order[step * cfg.batch_sequences:(step + 1) * cfg.batch_sequences]
         rec = trainer.step(batch, _lr(cfg, step, steps))
         curve.append({"step": step + 1, "loss": round(rec["loss"], 5), "lr": rec["lr"]})
         if (step + 1) % 25 == 0 or step + 1 == steps:
             print(f"step {step + 1}/{steps} loss {rec['loss']:.4f} {time.time() - t0:.0f}s", flush=True)
     train_s = time.time() - t0
+    done = order[:len(curve) * cfg.batch_sequences]  # what was trained on (all of it unless --max-train-s)
     from peft import get_peft_model_state_dict
 
     sd = {k: v.detach().to(torch.bfloat16).contiguous().cpu()
@@ -171,11 +175,11 @@ def train(args: argparse.Namespace) -> None:
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "sequences": len(seqs), "steps": steps,
-        "train_tokens": int(sum(len(s.ids) for s in order)), "loss_tokens": int(sum(s.loss_tokens for s in order)),
-        "train_s": round(train_s, 1), "tokens_per_s": round(sum(len(s.ids) for s in order) / max(train_s, 1e-9)),
+        "train_tokens": int(sum(len(s.ids) for s in done)), "loss_tokens": int(sum(s.loss_tokens for s in done)),
+        "train_s": round(train_s, 1), "tokens_per_s": round(sum(len(s.ids) for s in done) / max(train_s, 1e-9)),
         "peak_gpu_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
         "first_loss": curve[0]["loss"], "last_loss": curve[-1]["loss"], "base_checksum": checksum,
-        "adapter_shards": len(shards), "config": meta, "curve": curve,
+        "adapter_shards": len(shards), "config": meta, "curve": curve, "steps_done": len(curve),
     }
     (out / "train.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}))
@@ -225,7 +229,7 @@ def merge(args: argparse.Namespace) -> None:
     # Beside the model, what bench/agent_learning.py --sft-model reads: the SFT figures and loss curve.
     prep_path = out.parent / "sequences.json"
     prep = json.loads(prep_path.read_text()) if prep_path.is_file() else {}
-    summary = {"final": str(out), "steps": meta["steps"], "sequences": {"expert": meta["sequences"]},
+    summary = {"final": str(out), "steps": meta.get("steps_done", meta["steps"]), "steps_planned": meta["steps"], "sequences": {"expert": meta["sequences"]},
                "trajectories": {"expert": prep.get("trajectories")}, "train_tokens": meta["train_tokens"],
                "loss_tokens": meta["loss_tokens"], "gather_s": prep.get("prepare_s"), "train_s": meta["train_s"],
                "trained_on": meta["device"], "adapter": meta["config"],
@@ -255,6 +259,9 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--r", type=int, default=64)
     t.add_argument("--alpha", type=int, default=128)
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--row-tokens", type=int, default=0,
+                   help="pack sequences into rows of this many tokens (fewer kernel launches; 0: one per row)")
+    t.add_argument("--max-train-s", type=float, default=0, help="stop training after this many seconds (0: never)")
     t.add_argument("--allow-cpu", action="store_true")
     m = sub.add_parser("merge", help="merge a returned adapter into the base (here)")
     m.add_argument("--adapter", required=True)
