@@ -154,6 +154,8 @@ def train(args: argparse.Namespace) -> None:
         if (step + 1) % 25 == 0 or step + 1 == steps:
             print(f"step {step + 1}/{steps} loss {rec['loss']:.4f} {time.time() - t0:.0f}s", flush=True)
     train_s = time.time() - t0
+    if not curve:
+        _die(f"--max-train-s {args.max_train_s} left no time for one step")
     done = order[:len(curve) * cfg.batch_sequences]  # what was trained on (all of it unless --max-train-s)
     from peft import get_peft_model_state_dict
 

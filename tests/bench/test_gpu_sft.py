@@ -37,6 +37,7 @@ def test_train_shards_merge_and_refuse_another_base(tmp_path, monkeypatch, capsy
                 "--work", str(tmp_path / "work"), "--epochs", "2", "--batch", "1", "--r", "4", "--alpha", "8",
                 "--warmup", "1", "--lr", "1e-2", "--allow-cpu"])
     meta = json.loads((ad / "train.json").read_text())
+    assert meta["steps_done"] == 4
     shards = sorted(ad.glob("adapter-*.safetensors"))
     assert meta["steps"] == 4 and meta["sequences"] == 2 and len(shards) == meta["adapter_shards"] > 1
     assert meta["loss_tokens"] == 2 * (20 + 40)  # two epochs of the masked tokens, no more
@@ -63,3 +64,7 @@ def test_train_shards_merge_and_refuse_another_base(tmp_path, monkeypatch, capsy
         bench.main(["merge", "--adapter", str(ad), "--model", "tiny", "--out", str(tmp_path / "other")])
     assert e.value.code == 2 and "another base" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+    with pytest.raises(SystemExit) as e:  # a time budget too small for one step is an error, not an empty adapter
+        bench.main(["train", "--sequences", str(tmp_path / "sequences.npz"), "--model", "tiny", "--out",
+                    str(tmp_path / "ad2"), "--work", str(tmp_path / "work2"), "--max-train-s", "1e-9", "--allow-cpu"])
+    assert e.value.code == 2 and "no time for one step" in capsys.readouterr().err
