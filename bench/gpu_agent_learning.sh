@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The agent-learning pipeline (base -> SFT -> SFT+RL on the curriculum's held-out split) at a larger
 # batch on one GPU (sized for one H200 in <= 10 minutes). Prepared for a session that is lent a
-# device; it has not run on one yet. Run from the repository root:
+# device; it has not run on one yet. It needs PyPI (make setup) and bubblewrap there: the machine this
+# project is lent has neither, so there use bench/gpu_sft.py (SFT on the GPU, episodes here) instead.
+# Run from the repository root:
 #   bash bench/gpu_agent_learning.sh            # writes bench/results/gpu/agent_learning.json
 # What runs on the GPU: SFT (full fine-tune, bf16 autocast), evaluation sampling (bf16), and the RL
 # learner + rollouts (HF backend). Sandboxed episodes, grading and the curriculum build stay on the
