@@ -3,14 +3,12 @@ line, edited it, edited it into the fix), read from the task's gold patch and th
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 from etude.types import ToolCall, ToolExecution, ToolResult
+from tests.bench import load_bench
 
-BENCH = Path(__file__).parents[2] / "bench" / "agent_learning.py"
 PATCH = """diff --git a/pkg/m.py b/pkg/m.py
 --- a/pkg/m.py
 +++ b/pkg/m.py
@@ -24,10 +22,7 @@ PATCH = """diff --git a/pkg/m.py b/pkg/m.py
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("agent_learning_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("agent_learning")
 
 
 def _traj(*calls: tuple[str, dict, str, bool]) -> SimpleNamespace:

@@ -3,21 +3,16 @@ same base here; an adapter from another base is refused with one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).parents[2] / "bench" / "gpu_sft.py"
+from tests.bench import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_sft_bench", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu_sft")
 
 
 def test_train_shards_merge_and_refuse_another_base(tmp_path, monkeypatch, capsys):

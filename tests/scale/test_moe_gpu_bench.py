@@ -3,21 +3,16 @@ runs the real measurement code (tiny MoE, emulated FP8) end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).parents[2] / "bench" / "gpu_precision.py"
+from tests.bench import load_bench
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_precision", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu_precision")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this checks the CPU-only path")
