@@ -95,7 +95,7 @@ def prepare(args: argparse.Namespace) -> None:
                 too_long += 1
                 continue
             seen.add(key)
-            if s.labels[:len(s.ids)] != [x if y != -100 else -100 for x, y in zip(s.ids, s.labels, strict=True)]:
+            if any(y not in (-100, x) for x, y in zip(s.ids, s.labels, strict=True)):
                 _die("a label is not its own token id")  # the npz stores a mask, so labels must be the ids
             ids += s.ids
             mask += [int(y != -100) for y in s.labels]
