@@ -31,6 +31,10 @@ MAX_COMMAND_S = 120.0  # no command of an agent's episode runs longer, whatever 
 # which often name plugins the task's environment does not have (parse's `--cov=...` makes a bare
 # `python -m pytest` exit with a usage error); the grader runs the same way (tasks.runner).
 TEST_COMMAND = "python -m pytest -o addopts="
+# The agent's terminal is 80 columns wide, as a terminal is by default. Grading runs pytest at 300
+# (tasks.runner) so that its short summary keeps whole messages; at 300 the agent saw every pytest
+# separator line padded to 300 characters, about 900 characters of a 2,000-character observation.
+AGENT_COLUMNS = "80"
 
 
 def task_request(task: Task) -> str:
@@ -66,9 +70,12 @@ def task_harness_config(task: Task, harness_config: HarnessConfig | None = None)
 @contextmanager
 def open_task_episode(task: Task) -> Iterator[AgentEpisode]:
     """The episode builder on the task: a workspace of its repository at base and a session
-    sandbox with its test venv, every command capped at `command_limit_s(task)`."""
+    sandbox with its test venv, every command capped at `command_limit_s(task)`, and a terminal
+    `AGENT_COLUMNS` wide."""
     template, venv = prepare_repo(task), task_env(task)
-    with open_episode(template, task_sandbox_config(task, venv, timeout_s=command_limit_s(task))) as ep:
+    sandbox = task_sandbox_config(task, venv, timeout_s=command_limit_s(task))
+    sandbox = dataclasses.replace(sandbox, env={**sandbox.env, "COLUMNS": AGENT_COLUMNS})
+    with open_episode(template, sandbox) as ep:
         yield ep
 
 

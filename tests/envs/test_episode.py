@@ -65,3 +65,20 @@ def test_a_command_asking_past_the_tasks_timeout_gets_the_cap_and_is_told(isodat
     assert not res.ok and res.meta["timed_out"] and res.meta["timeout_s"] == 2.0 and res.meta["timeout_capped"]
     assert res.output.startswith("[timeout_s 600 is above this episode's limit: capped at 2 s]")
     assert res.meta["wall_s"] < 20
+
+
+def test_the_agents_terminal_is_80_columns_while_grading_keeps_300(isodate_tasks):
+    """Regression: the agent's commands ran with the grader's COLUMNS=300, so pytest's separator
+    lines filled about half of a clipped test-run observation with '=' and spaces."""
+    from etude.harness import HarnessConfig
+    from etude.policy.scripted import ScriptedPolicy
+    from etude.tasks.runner import task_sandbox_config
+
+    task = isodate_tasks[0]
+    policy = ScriptedPolicy([_call("run_terminal", command="python -c 'import os; print(os.environ[\"COLUMNS\"])'"),
+                             _call("run_terminal", command=f"python -m pytest -o addopts= -q {task.FAIL_TO_PASS[0]}")])
+    traj, _ = run_episode(task, policy, HarnessConfig(max_steps=2))
+    width, tests = (t.tool_executions[0].result.output for t in traj.turns)
+    assert width.splitlines()[0] == "80"
+    assert "FAILURES" in tests and max(len(ln) for ln in tests.splitlines()) <= 200
+    assert task_sandbox_config(task, traj.meta.get("venv", "/nonexistent")).env["COLUMNS"] == "300"
