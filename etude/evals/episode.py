@@ -61,6 +61,7 @@ def efficiency(traj: Trajectory) -> dict[str, Any]:
     all_calls = len(executed) + sum(len(t.parse_errors) for t in traj.turns)
     return {
         "turns": len(traj.turns),
+        "repeated_turns": len(traj.meta.get("repeated_turns") or ()),  # the same reply and results again
         "tool_calls": sum(per_turn),
         "calls_issued": all_calls,  # every call the model wrote, well-formed or not (submit included)
         "calls_well_formed": all_calls - malformed,  # parsed, named a tool offered, arguments fit its schema

@@ -81,6 +81,7 @@ def _efficiency(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, 
 def behaviour(groups: dict[str, list[dict[str, Any]]], confidence: float = 0.95) -> dict[str, Any]:
     """How the agent works, over every finished episode: the share of its tool calls that were
     well formed and of its calls issued alongside others in one turn (Wilson intervals over calls),
+    the share of its turns that repeated an earlier turn exactly (etude.harness.loop),
     and per-episode means of turns, tool calls and tokens; tokens per resolved episode is all
     tokens spent divided by the episodes resolved (None when none was)."""
     recs = [r for rs in groups.values() for r in rs if _ok(r)]
@@ -91,6 +92,8 @@ def behaviour(groups: dict[str, list[dict[str, Any]]], confidence: float = 0.95)
     parallel = sum(int(e.get("parallel_calls", 0)) for e in eff)
     tokens = [float(e.get("tokens", 0)) for e in eff]
     resolved = sum(1 for r in recs if r.get("resolved"))
+    turns = sum(int(e.get("turns", 0)) for e in eff)
+    repeated = sum(int(e.get("repeated_turns", 0)) for e in eff)
 
     def prop(k: int, n: int) -> dict[str, Any]:
         low, high = wilson_ci(k, n, confidence) if n else (None, None)
@@ -104,6 +107,7 @@ def behaviour(groups: dict[str, list[dict[str, Any]]], confidence: float = 0.95)
         "episodes": len(recs),
         "valid_call_rate": prop(good, issued),
         "parallel_call_share": prop(parallel, calls),
+        "repeated_turn_share": prop(repeated, turns),
         "turns_mean": avg("turns"),
         "tool_calls_mean": avg("tool_calls"),
         "tokens_mean": statistics.fmean(tokens) if tokens else None,

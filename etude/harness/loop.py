@@ -6,6 +6,8 @@ Guarantees:
   raises and is never dropped: parse errors go to the model in one user message after the tool
   results and are recorded in `Turn.parse_errors`; refused calls are `ToolResult(ok=False)`
   answered in their own tool message. Both count in `Turn.broken_calls`.
+- A turn that repeats an earlier one exactly (same reply, same results, timings aside) gets a
+  notice in that user message (`HarnessConfig.repeat_notice`); `meta.repeated_turns` lists them.
 - Consecutive read-only calls of a turn run concurrently in a thread pool; edits, writes and
   commands run alone, in the order written. Results always keep the model's order.
 - With `trajectory_path`, the trajectory is rewritten after every turn and once more in a
@@ -22,7 +24,9 @@ policy's token ids, else its reported usage, else an estimate of 4 characters pe
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -101,6 +105,7 @@ class _Episode:
         self.t_end: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._dicts: dict[str, list[dict[str, Any]]] = {"messages": [], "turns": []}
+        self._seen: dict[str, int] = {}  # a turn's reply and results -> the first turn that had them
 
     # -- one turn
 
@@ -120,9 +125,11 @@ class _Episode:
             self.turns.append(Turn(index=len(self.turns), generation=gen))
             return "max_tokens" if gen.finish_reason == "length" else "answer"
         execs, submitted = self._execute(calls)
-        self.messages.extend(_tool_message(x, self.cfg.max_observation_chars) for x in execs)
-        if errors:
-            self.messages.append(_error_message(errors))
+        observed = [_tool_message(x, self.cfg.max_observation_chars) for x in execs]
+        self.messages.extend(observed)
+        earlier = self._repeat_of(assistant, observed, errors)
+        if errors or earlier is not None:
+            self.messages.append(_notice_message(errors, earlier))
         self.turns.append(Turn(index=len(self.turns), generation=gen, tool_executions=tuple(execs), parse_errors=tuple(errors)))
         return "submit" if submitted else None
 
@@ -136,6 +143,18 @@ class _Episode:
             return calls, errors, Message(role="assistant", content=gen.text, tool_calls=tuple(calls))
         res = parse_hermes(gen.text, id_prefix=f"call_{len(self.turns)}_")
         return list(res.tool_calls), list(res.errors), Message(role="assistant", content=gen.text)
+
+    def _repeat_of(self, assistant: Message, observed: Sequence[Message], errors: Sequence[str]) -> int | None:
+        """The index of an earlier turn with the same reply and the same results, else None. Each
+        turn's key is kept, so a loop of two alternating turns is caught as well."""
+        calls = [(c.name, json.dumps(c.arguments, sort_keys=True, default=str)) for c in assistant.tool_calls]
+        results = [_TIMING.sub("#", m.content) for m in observed]  # "1 failed in 0.21s" twice is a repeat
+        key = json.dumps([assistant.content.strip(), calls, results, list(errors)])
+        earlier = self._seen.get(key) if self.cfg.repeat_notice else None
+        self._seen.setdefault(key, len(self.turns))
+        if earlier is not None:
+            self.meta.setdefault("repeated_turns", []).append(len(self.turns))
+        return earlier
 
     # -- tools
 
@@ -267,9 +286,20 @@ def _tool_message(x: ToolExecution, max_chars: int) -> Message:
     return Message(role="tool", content=_clip(body, max_chars), tool_call_id=x.call.id, name=x.call.name)
 
 
-def _error_message(errors: Sequence[str]) -> Message:
-    lines = "\n".join(f"- {e}" for e in errors)
-    return Message(role="user", content=f"These tool calls could not be read and were not run:\n{lines}\nFix them and try again.")
+_TIMING = re.compile(r"\d+\.\d+ ?s\b")
+
+
+def _notice_message(errors: Sequence[str], repeat_of: int | None) -> Message:
+    """One user message after the tool results: the calls that could not be read, and/or that
+    this turn repeats turn `repeat_of` (1-based in the text, as a person counts steps)."""
+    parts = []
+    if errors:
+        lines = "\n".join(f"- {e}" for e in errors)
+        parts.append(f"These tool calls could not be read and were not run:\n{lines}\nFix them and try again.")
+    if repeat_of is not None:
+        parts.append(f"This step is the same as step {repeat_of + 1}, with the same result: nothing changed. "
+                     "Repeating it will not help; do something different.")
+    return Message(role="user", content="\n".join(parts))
 
 
 def _clip(s: str, max_chars: int) -> str:
