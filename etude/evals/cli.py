@@ -31,7 +31,7 @@ def eval_cmd(
     ctx: typer.Context,
     suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet), builtin:eval, or builtin:curriculum:SPLIT[:LEVEL].")] = None,
     model: Annotated[
-        str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL[#NAME] | model name or path.")
+        str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL\\[#NAME] | model name or path.")
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Output folder (an existing run there is resumed).")] = None,
     workers: Annotated[int, typer.Option(help="Episodes at once.")] = 2,
@@ -43,7 +43,7 @@ def eval_cmd(
     model_name: Annotated[str | None, typer.Option(help="Served model name for a URL model.")] = None,
     backend: Annotated[str, typer.Option("--backend", help="Engine of a local model: hf or vllm (`make setup-vllm`).")] = "hf",
     report: Annotated[bool, typer.Option(help="Write report.html.")] = True,
-    agent_config: Annotated[Path | None, typer.Option("--agent-config", help="A TOML whose [harness] table sets the agent (e.g. configs/agent_sft.toml): evaluate with the harness a model was trained with.")] = None,
+    agent_config: Annotated[Path | None, typer.Option("--agent-config", help="A TOML whose \\[harness] table sets the agent (e.g. configs/agent_sft.toml): evaluate with the harness a model was trained with.")] = None,
 ) -> None:
     """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
     if ctx.invoked_subcommand is not None:

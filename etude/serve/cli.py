@@ -42,7 +42,7 @@ def _print(obj: Any) -> None:
 def _serve_command(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
-        config: str | None = typer.Option(None, "--config", help="TOML file with a [serve] table (see docs/serve.md)"),
+        config: str | None = typer.Option(None, "--config", help="TOML file with a \\[serve] table (see docs/serve.md)"),
         model: str | None = typer.Option(None, "--model", help="'tiny', 'smollm2' or a model directory"),
         name: str | None = typer.Option(None, "--name", help="registry name for --model"),
         host: str | None = typer.Option(None, "--host"),
