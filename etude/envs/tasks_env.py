@@ -55,7 +55,7 @@ class TasksEnv:
 
     def __init__(self, tasks_file: str | None = None, num_train: int = 8, num_test: int = 1, max_steps: int = 6,
                  eval_tasks_file: str | None = None, workers: int = 1, harness: dict[str, Any] | None = None,
-                 rewards: dict[str, Any] | None = None, **_: Any):
+                 rewards: dict[str, Any] | None = None):
         self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
         self.eval_tasks_file, self.workers = eval_tasks_file, max(1, workers)
         self.harness = dict(harness or {})

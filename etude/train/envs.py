@@ -22,6 +22,8 @@ possible hack (the code runs in the same process as the checker); it is sandboxe
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import random
 import re
@@ -72,7 +74,7 @@ class ArithEnv(SingleTurnEnv):
 
     name = "arith"
 
-    def __init__(self, num_train: int = 256, num_test: int = 64, seed: int = 0, max_operand: int = 99, **_: Any):
+    def __init__(self, num_train: int = 256, num_test: int = 64, seed: int = 0, max_operand: int = 99):
         self.num = {"train": num_train, "test": num_test}
         self.seed, self.hi = seed, max_operand
 
@@ -146,7 +148,7 @@ class PyFuncEnv(SingleTurnEnv):
     name = "pyfunc"
     workers = 2
 
-    def __init__(self, num_test: int = 4, seed: int = 0, **_: Any):
+    def __init__(self, num_test: int = 4, seed: int = 0):
         self.n_test = max(1, min(num_test, len(PYFUNCS) - 1))
         self.seed = seed
         self._sandbox_cfg: Any = None
@@ -191,7 +193,7 @@ class EpisodesEnv:
 
     name = "episodes"
 
-    def __init__(self, episodes_file: str | None = None, **_: Any):
+    def __init__(self, episodes_file: str | None = None):
         if not episodes_file:
             raise EtudeError("env episodes needs episodes_file (a JSONL of Episode.to_dict())")
         try:
@@ -224,6 +226,7 @@ def make_env(cfg: Any) -> Env:
     cls = ENVS.get(cfg.name)
     if cls is None:
         raise EtudeError(f"unknown env {cfg.name!r}; known: {', '.join(ENVS)}")
-    kw = {k: getattr(cfg, k) for k in ("num_train", "num_test", "seed", "max_operand", "tasks_file", "max_steps",
-                                        "eval_tasks_file", "workers", "harness", "rewards", "episodes_file")}
-    return cls(**kw)
+    # Each env gets the config fields its constructor takes, so a direct call with a misspelt
+    # key fails (no **kwargs sink swallows it).
+    takes = inspect.signature(cls).parameters
+    return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name in takes})

@@ -82,3 +82,18 @@ def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
     assert "groups_skipped" in train[0] and "monitor/broken_calls" in train[0] and "monitor/turns" in train[0]
     evals = [x for x in recs if x["kind"] == "eval"]
     assert evals and "alarm/reward_up_val_down" in evals[-1]
+
+
+def test_an_env_built_directly_refuses_a_misspelt_key_and_make_env_gives_each_its_own():
+    """Regression: every env constructor ended in `**_`, so `TasksEnv(tasks_fil=...)` was silently
+    the default suite; make_env passed every config field to every env to make that work."""
+    from etude.train.config import EnvConfig
+    from etude.train.envs import ArithEnv, make_env
+
+    with pytest.raises(TypeError, match="tasks_fil"):
+        TasksEnv(tasks_fil="x.jsonl")
+    with pytest.raises(TypeError, match="tasks_file"):
+        ArithEnv(tasks_file="x.jsonl")
+    env = make_env(EnvConfig(name="tasks", tasks_file="x.jsonl", max_operand=7, rewards={"weights": {"patch_similarity": 0.5}}))
+    assert env.tasks_file == "x.jsonl" and env.reward_config.weights["patch_similarity"] == 0.5
+    assert make_env(EnvConfig(name="arith", num_train=3, tasks_file="ignored.jsonl")).num["train"] == 3
