@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from etude.errors import EtudeError
 from etude.policy.vllm_backend import require_vllm
 from etude.protocols import Env
 from etude.train import distributed
@@ -227,6 +228,36 @@ class _RankZero:
         return self._run._published
 
 
+def _record_config(cfg: TrainConfig, out: Path, ckpt: Path | None) -> None:
+    """Write OUT/config.json. Resuming checkpoint `ckpt` under another config keeps the earlier
+    one as config.before-step-N.json and names the changed keys on stderr; another base model
+    (or LoRA setting) is refused, since the checkpoint's weights belong to the earlier one."""
+    path, new = out / "config.json", json.loads(json.dumps(cfg.to_dict()))
+    try:
+        old = json.loads(path.read_text()) if ckpt is not None else None
+    except (OSError, ValueError):
+        old = None  # no readable record of the earlier config: nothing to compare or keep
+    if old is not None and old != new:
+        step = json.loads((ckpt / "state.json").read_text()).get("step")  # type: ignore[operator]
+        for key in ("model", "lora"):
+            if old.get(key) != new.get(key):
+                raise EtudeError(f"{out} holds a checkpoint (step {step}) trained with {key} = {old.get(key)!r}; "
+                                 f"resume with the same {key} or pass --fresh to start over")
+        kept = out / f"config.before-step-{step}.json"
+        path.replace(kept)
+        changed = "; ".join(_changed(old, new)[:8])
+        print(f"etude: resuming {out} at step {step} with a changed config ({changed}); "
+              f"the earlier config is {kept.name}", file=sys.stderr)
+    path.write_text(json.dumps(new, indent=1))
+
+
+def _changed(old: Any, new: Any, key: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two JSON-shaped configs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(set(old) | set(new)) for c in _changed(old.get(k), new.get(k), f"{key}.{k}".lstrip("."))]
+    return [] if old == new else [f"{key}: {old!r} -> {new!r}"]
+
+
 def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progress: bool = True) -> dict[str, Any]:
     """Train (or resume) into `out_dir`; returns a summary (last record, evals, checkpoint)."""
     from transformers.utils import logging as hf_logging
@@ -236,10 +267,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
         require_vllm("rollout_backend = \"vllm\"")
     out = Path(out_dir)
     dist = distributed.init(cfg.parallel.backend, cfg.device)  # None unless launched on > 1 rank
-    if dist is None or dist.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
     try:
+        if dist is None or dist.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            _record_config(cfg, out, latest_checkpoint(out) if resume else None)
         run = _Run(cfg, out, resume, dist)
     except BaseException:
         distributed.abort(dist)

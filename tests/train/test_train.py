@@ -195,3 +195,22 @@ def test_unreachable_ray_address_is_one_line(tmp_path):
     cfg = TrainConfig.from_dict({**_tiny(steps=1).to_dict(), "use_ray": True, "ray": {"address": "127.0.0.1:1"}})
     with pytest.raises(EtudeError, match="no Ray cluster answers at 127.0.0.1:1"):
         train(cfg, tmp_path, progress=False)
+
+
+def test_resuming_under_a_changed_config_keeps_the_earlier_one_and_refuses_another_model(tmp_path, capsys):
+    """Regression: a resume rewrote config.json, so nothing recorded what trained the steps before
+    it; and a resume with another base model loaded the old checkpoint into it."""
+    out = tmp_path / "run"
+    train(_tiny(steps=1), out, progress=False)
+    train(_tiny(steps=2, lr=5e-3), out, progress=False)
+    err = capsys.readouterr().err
+    assert "resuming" in err and "at step 1" in err and "lr: 0.01 -> 0.005" in err and "steps: 1 -> 2" in err
+    assert json.loads((out / "config.before-step-1.json").read_text())["lr"] == 1e-2
+    assert json.loads((out / "config.json").read_text())["lr"] == 5e-3
+    with pytest.raises(EtudeError, match="trained with model = 'tiny'.*--fresh"):
+        train(_tiny(steps=3, model="smollm2"), out, progress=False)
+    assert json.loads((out / "config.json").read_text())["steps"] == 2  # the refusal touched nothing
+    capsys.readouterr()
+    train(_tiny(steps=2, lr=5e-3), out, progress=False)  # the same config again: nothing to say or keep
+    assert "changed config" not in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("config*.json")) == ["config.before-step-1.json", "config.json"]
