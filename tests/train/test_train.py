@@ -197,6 +197,7 @@ def test_unreachable_ray_address_is_one_line(tmp_path):
         train(cfg, tmp_path, progress=False)
 
 
+@pytest.mark.slow
 def test_resuming_under_a_changed_config_keeps_the_earlier_one_and_refuses_another_model(tmp_path, capsys):
     """Regression: a resume rewrote config.json, so nothing recorded what trained the steps before
     it; and a resume with another base model loaded the old checkpoint into it."""
