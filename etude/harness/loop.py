@@ -6,8 +6,9 @@ Guarantees:
   raises and is never dropped: parse errors go to the model in one user message after the tool
   results and are recorded in `Turn.parse_errors`; refused calls are `ToolResult(ok=False)`
   answered in their own tool message. Both count in `Turn.broken_calls`.
-- A turn that repeats an earlier one exactly (same reply, same results, timings aside) gets a
-  notice in that user message (`HarnessConfig.repeat_notice`); `meta.repeated_turns` lists them.
+- A turn that repeats an earlier one exactly (same reply, same results, timings aside) is listed
+  in `meta.repeated_turns`; with `HarnessConfig.repeat_notice` the model is told in that user
+  message.
 - Consecutive read-only calls of a turn run concurrently in a thread pool; edits, writes and
   commands run alone, in the order written. Results always keep the model's order.
 - With `trajectory_path`, the trajectory is rewritten after every turn and once more in a
@@ -145,16 +146,17 @@ class _Episode:
         return list(res.tool_calls), list(res.errors), Message(role="assistant", content=gen.text)
 
     def _repeat_of(self, assistant: Message, observed: Sequence[Message], errors: Sequence[str]) -> int | None:
-        """The index of an earlier turn with the same reply and the same results, else None. Each
-        turn's key is kept, so a loop of two alternating turns is caught as well."""
+        """Record a repeat (`meta.repeated_turns`); -> the earlier turn it repeats when the model is
+        to be told (`repeat_notice`), else None. Each turn's key is kept, so a loop of two
+        alternating turns is caught as well."""
         calls = [(c.name, json.dumps(c.arguments, sort_keys=True, default=str)) for c in assistant.tool_calls]
         results = [_TIMING.sub("#", m.content) for m in observed]  # "1 failed in 0.21s" twice is a repeat
         key = json.dumps([assistant.content.strip(), calls, results, list(errors)])
-        earlier = self._seen.get(key) if self.cfg.repeat_notice else None
-        self._seen.setdefault(key, len(self.turns))
-        if earlier is not None:
-            self.meta.setdefault("repeated_turns", []).append(len(self.turns))
-        return earlier
+        earlier = self._seen.setdefault(key, len(self.turns))
+        if earlier == len(self.turns):
+            return None
+        self.meta.setdefault("repeated_turns", []).append(len(self.turns))
+        return earlier if self.cfg.repeat_notice else None
 
     # -- tools
 

@@ -268,7 +268,7 @@ def test_a_turn_that_repeats_an_earlier_one_is_told_so(ctx, ws):
     bad_edit = call("edit_file", path="pkg/a.py", old_str="no such text", new_str="x")
     tests = call("run_terminal", command="python -c \"import time; t = time.time(); print(f'1 failed in {t % 1:.2f}s')\"")
     pol = ScriptedPolicy([bad_edit, tests, bad_edit, tests, call("read_file", path="pkg/a.py"), "Done."])
-    t = run_agent(pol, "go", ctx)
+    t = run_agent(pol, "go", ctx, HarnessConfig(repeat_notice=True))
     assert t.meta["repeated_turns"] == [2, 3]  # the edit again, and the same run again (timings aside)
     notices = [m.content for m in t.messages if m.role == "user" and "same as step" in m.content]
     assert notices == ["This step is the same as step 1, with the same result: nothing changed. "
@@ -280,15 +280,15 @@ def test_a_turn_that_repeats_an_earlier_one_is_told_so(ctx, ws):
     (ws / "pkg" / "b.py").write_text("x = 1\n")
     run_b = call("run_terminal", command="cat pkg/b.py")
     edit_b = call("edit_file", path="pkg/b.py", old_str="x = 1", new_str="x = 2")
-    t2 = run_agent(ScriptedPolicy([run_b, edit_b, run_b, "Done."]), "go", ctx)
+    t2 = run_agent(ScriptedPolicy([run_b, edit_b, run_b, "Done."]), "go", ctx, HarnessConfig(repeat_notice=True))
     assert "repeated_turns" not in t2.meta
 
 
-def test_the_repeat_notice_can_be_turned_off_and_joins_a_parse_error(ctx):
+def test_the_repeat_notice_is_off_by_default_but_repeats_are_counted_and_it_joins_a_parse_error(ctx):
     broken = '<tool_call>{"name": "grep", "arguments": {"pattern": "x",}}</tool_call>'
-    t = run_agent(ScriptedPolicy([broken, broken, "Done."]), "go", ctx)
+    t = run_agent(ScriptedPolicy([broken, broken, "Done."]), "go", ctx, HarnessConfig(repeat_notice=True))
     last = [m.content for m in t.messages if m.role == "user"][-1]
     assert "trailing comma" in last and last.endswith("same as step 1, with the same result: nothing changed. "
                                                       "Repeating it will not help; do something different.")
-    off = run_agent(ScriptedPolicy([broken, broken, "Done."]), "go", ctx, HarnessConfig(repeat_notice=False))
-    assert "repeated_turns" not in off.meta and not any("same as step" in m.content for m in off.messages)
+    off = run_agent(ScriptedPolicy([broken, broken, "Done."]), "go", ctx)
+    assert off.meta["repeated_turns"] == [1] and not any("same as step" in m.content for m in off.messages)
