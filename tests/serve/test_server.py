@@ -293,18 +293,25 @@ def test_auto_routes_by_experiment_sticky_per_user_and_session(server):
 
 def test_a_full_queue_answers_429_and_every_200_is_logged(server_factory):
     # a slow model (1.5 s a batch) so the five requests overlap even on a loaded machine
+    # (flaked on a busy machine: five requests arrived one by one and none met a full queue; now a
+    # warm-up request opens the connection and a barrier releases the burst at once)
+    import threading
+
     running = server_factory(delay_s=1.5, max_batch=1, max_queue=1)
     c = client(running)
+    warm = c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "warm"}]).id
+    go = threading.Barrier(6)
 
     def ask(i):
+        go.wait(timeout=30)
         try:
             return c.chat.completions.create(model="auto", messages=[{"role": "user", "content": f"q{i}"}]).id
         except openai.RateLimitError:
             return None
 
-    with ThreadPoolExecutor(5) as ex:
-        ids = list(ex.map(ask, range(5)))
-    assert None in ids and any(ids)
+    with ThreadPoolExecutor(6) as ex:
+        ids = list(ex.map(ask, range(6))) + [warm]
+    assert None in ids and sum(1 for i in ids if i) >= 2
     assert {r["id"] for r in running.store.interactions(org="acme")} == {i for i in ids if i}
 
 
