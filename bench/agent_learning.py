@@ -34,8 +34,8 @@ from typing import Any
 from etude.configfile import parse_set
 from etude.envs.expert import gold_hunk
 from etude.evals import EvalConfig, run_eval
-from etude.evals.records import read_records, resolved_by_task
-from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.evals.records import paired_outcomes, read_records, resolved_by_task
+from etude.evals.stats import wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
 from etude.harness.record import load_trajectory
@@ -144,16 +144,6 @@ def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
             "errors": sum(1 for i in ids if recs[i].get("status") != "ok"),
             "stop_reasons": dict(Counter(e.get("stop_reason") for e in eff)),
             "reward_mean": statistics.fmean(float((recs[i].get("reward") or {}).get("total", 0.0)) for i in ids)}
-
-
-def paired(a: Path, b: Path, only: list[str] | None = None) -> dict[str, Any]:
-    ra, rb = resolved_by_task(a), resolved_by_task(b)
-    ids = sorted(set(ra) & set(rb) & set(only if only is not None else ra))
-    x, y = [ra[i] for i in ids], [rb[i] for i in ids]
-    return {"tasks": len(ids), "gain_points": (sum(y) - sum(x)) / max(1, len(ids)),
-            "b_only": sum(1 for p, q in zip(x, y, strict=True) if q and not p),
-            "a_only": sum(1 for p, q in zip(x, y, strict=True) if p and not q),
-            "mcnemar_p": mcnemar_exact(x, y)}
 
 
 def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int, backend: str = "hf") -> float:
@@ -366,22 +356,22 @@ def main() -> None:
             walls[f"no_split_{name}_eval_s"] = evaluate(extra, m, work / f"nosplit-{name}", hc, args.workers, args.eval_backend)
             no_split[name] = stage_figures(work / f"nosplit-{name}")
         no_split["packages"] = specs
-        no_split["sft_vs_base"] = paired(work / "nosplit-base", work / "nosplit-sft")
+        no_split["sft_vs_base"] = paired_outcomes(work / "nosplit-base", work / "nosplit-sft")
         if "rl" in models:
-            no_split["rl_vs_sft"] = paired(work / "nosplit-sft", work / "nosplit-rl")
+            no_split["rl_vs_sft"] = paired_outcomes(work / "nosplit-sft", work / "nosplit-rl")
 
     log("curriculum: the whole train and validation splits (for the record)")
     ts = time.time()
     split.update({s: builtin_curriculum(s, 1) for s in ("train", "validation")})
     walls["curriculum_s"] += time.time() - ts
-    comparisons = {"sft_vs_base": paired(work / "eval-base", work / "eval-sft")}
+    comparisons = {"sft_vs_base": paired_outcomes(work / "eval-base", work / "eval-sft")}
     for name, d in earlier.items():
-        comparisons[f"sft_vs_{name}"] = paired(Path(d), work / "eval-sft")
+        comparisons[f"sft_vs_{name}"] = paired_outcomes(Path(d), work / "eval-sft")
     if "rl" in stages:
-        comparisons["rl_vs_sft"] = paired(work / "eval-sft", work / "eval-rl")
-        comparisons["rl_vs_base"] = paired(work / "eval-base", work / "eval-rl")
+        comparisons["rl_vs_sft"] = paired_outcomes(work / "eval-sft", work / "eval-rl")
+        comparisons["rl_vs_base"] = paired_outcomes(work / "eval-base", work / "eval-rl")
         if args.previous_rl:
-            comparisons["rl_vs_previous_rl"] = paired(Path(args.previous_rl), work / "eval-rl")
+            comparisons["rl_vs_previous_rl"] = paired_outcomes(Path(args.previous_rl), work / "eval-rl")
     b = stages["sft"]["behaviour"] or {}
     met = {
         "valid_call_rate_sft>=0.95": (b.get("valid_call_rate") or {}).get("mean") is not None
@@ -423,9 +413,9 @@ def analyse_only(args: argparse.Namespace) -> None:
     done = [{i for i, r in records(p).items() if r.get("status") == "ok"} for p in runs.values()]
     ids = [t.instance_id for t in test if all(t.instance_id in d for d in done)]
     stages = {n: subset_figures(p, ids) for n, p in runs.items()}
-    comparisons = {"sft_vs_base": paired(runs["base"], runs["sft"], ids)}
+    comparisons = {"sft_vs_base": paired_outcomes(runs["base"], runs["sft"], ids)}
     if "rl" in runs:
-        comparisons["rl_vs_sft"] = paired(runs["sft"], runs["rl"], ids)
+        comparisons["rl_vs_sft"] = paired_outcomes(runs["sft"], runs["rl"], ids)
     sft = json.loads((work / "sft" / "summary.json").read_text())
     b = stages["sft"]["behaviour"]
     met = {"valid_call_rate_sft>=0.95": b["valid_call_rate"]["mean"] is not None

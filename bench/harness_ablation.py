@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -32,8 +33,8 @@ from etude.configfile import parse_set
 from etude.envs.episode import AGENT_COLUMNS
 from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
-from etude.evals.records import read_records, resolved_by_task
-from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.evals.records import paired_outcomes, read_records, resolved_by_task
+from etude.evals.stats import wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
 from etude.tasks.curriculum import builtin_curriculum
@@ -66,15 +67,6 @@ def arm_figures(run: Path) -> dict[str, Any]:
             "repeated_replies": repeated_replies(run, recs),
             "stop_reasons": dict(Counter((r.get("efficiency") or {}).get("stop_reason") for r in recs.values())),
             "errors": sum(1 for r in recs.values() if r.get("status") != "ok"), "eval_dir": str(run)}
-
-
-def paired(a: Path, b: Path) -> dict[str, Any]:
-    ra, rb = resolved_by_task(a), resolved_by_task(b)
-    ids = sorted(set(ra) & set(rb))
-    x, y = [ra[i] for i in ids], [rb[i] for i in ids]
-    return {"tasks": len(ids), "gain_points": (sum(y) - sum(x)) / max(1, len(ids)),
-            "b_only": sum(1 for p, q in zip(x, y, strict=True) if q and not p),
-            "a_only": sum(1 for p, q in zip(x, y, strict=True) if p and not q), "mcnemar_p": mcnemar_exact(x, y)}
 
 
 def variant(spec: str) -> tuple[str, dict[str, Any]]:
@@ -113,7 +105,6 @@ def main() -> None:
 
     arms: dict[str, Any] = {"baseline": {**arm_figures(base), "harness": old, "note": args.baseline_note}}
     dirs = {"baseline": base}
-    walls = {}
     for name, hc in harnesses.items():
         out = Path(args.work) / name
         print(f"[harness_ablation {time.strftime('%H:%M:%S')}] {name}: {variants[name]}", file=sys.stderr, flush=True)
@@ -121,14 +112,13 @@ def main() -> None:
         cfg = EvalConfig(workers=args.workers, executor="threads", harness=hc, report=False, progress=True,
                          bootstrap=500, backend=args.eval_backend)
         run_eval(tasks, args.model, out, cfg)
-        walls[name] = time.time() - t0
-        arms[name] = {**arm_figures(out), "changes": variants[name], "harness": hc.to_dict(), "wall_s": walls[name]}
+        arms[name] = {**arm_figures(out), "changes": variants[name], "harness": hc.to_dict(), "wall_s": time.time() - t0}
         dirs[name] = out
-    pairs = {f"{b}_vs_{a}": paired(dirs[a], dirs[b]) for a, b in combinations(dirs, 2)}
+    pairs = {f"{b}_vs_{a}": paired_outcomes(dirs[a], dirs[b]) for a, b in combinations(dirs, 2)}
     result = {
         "model": args.model, "tasks": len(tasks), "packages": sorted({t.instance_id.split("__")[0] for t in tasks}),
         "backend": args.eval_backend, "agent_terminal_columns": int(AGENT_COLUMNS), "arms": arms, "paired": pairs,
-        "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from rich.console import Console
 from etude.demo.report import write_report
 from etude.evals import CompareConfig, EvalConfig, compare, run_eval
 from etude.evals.records import resolved_by_task
-from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.evals.stats import paired_summary, wilson_ci
 from etude.loop import LoopConfig, run_cycle
 from etude.tasks import save_tasks
 from etude.tasks.curriculum import builtin_curriculum
@@ -176,8 +176,8 @@ class Demo:
         pairs = [("sft", "base"), ("rl", "sft"), ("rl", "base")]
         for b, a in pairs:
             if a in res and b in res:
-                x, y = [res[a][i] for i in ids], [res[b][i] for i in ids]
-                table[f"{b}_vs_{a}"] = {"gain": (sum(y) - sum(x)) / max(1, len(ids)), "mcnemar_p": mcnemar_exact(x, y)}
+                p = paired_summary([res[a][i] for i in ids], [res[b][i] for i in ids])
+                table[f"{b}_vs_{a}"] = {"gain": p["gain_points"], "mcnemar_p": p["mcnemar_p"]}
         # NOTE: the eval gate runs at the slice's size: below 30 tasks it cannot pass (inconclusive at best).
         final = "rl" if "rl" in runs else "sft"
         gate = compare(runs["base"], runs[final], CompareConfig(min_tasks=min(30, len(ids))))

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from etude.evals.stats import paired_summary
 
 Key = tuple[str, int]
 
@@ -45,6 +48,14 @@ def resolved_by_task(run: Path) -> dict[str, int]:
     resolved): the paired outcomes that McNemar's test and the demo compare."""
     return {iid: int(bool(r.get("resolved")) and r.get("status") == "ok")
             for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
+
+
+def paired_outcomes(a: Path, b: Path, only: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run `b` against run `a` on the tasks both evaluated (and in `only`, if given): the change in
+    resolved rate, the tasks only `b` and only `a` resolved, and the exact McNemar p."""
+    ra, rb = resolved_by_task(a), resolved_by_task(b)
+    ids = sorted(set(ra) & set(rb) & set(only if only is not None else ra))
+    return paired_summary([ra[i] for i in ids], [rb[i] for i in ids])
 
 
 class ResultsWriter:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -101,6 +102,15 @@ def wilcoxon_p(diffs: Sequence[float]) -> float:
     if not d:
         return 1.0
     return float(wilcoxon(d).pvalue)
+
+
+def paired_summary(x: Sequence[int], y: Sequence[int]) -> dict[str, Any]:
+    """Paired 0/1 outcomes of arm `y` against arm `x` on the same tasks: the change in rate, the
+    tasks only `y` and only `x` got right, and the exact McNemar p."""
+    return {"tasks": len(x), "gain_points": (sum(y) - sum(x)) / max(1, len(x)),
+            "b_only": sum(1 for p, q in zip(x, y, strict=True) if q and not p),
+            "a_only": sum(1 for p, q in zip(x, y, strict=True) if p and not q),
+            "mcnemar_p": mcnemar_exact(x, y)}
 
 
 def paired_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, str]:

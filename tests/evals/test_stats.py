@@ -93,3 +93,11 @@ def test_noninferiority_test_is_exact_on_the_boundary():
         assert size <= 0.025 + 1e-3
     # a bigger margin is easier to meet; more tasks without a loss make it easier too
     assert noninferiority_p(0, 0, 60, 0.1) < noninferiority_p(0, 0, 60, 0.05) < noninferiority_p(0, 0, 30, 0.05)
+
+
+def test_paired_summary_counts_discordant_tasks_and_tests_them():
+    from etude.evals.stats import paired_summary
+
+    s = paired_summary([1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 1, 0])
+    assert (s["tasks"], s["b_only"], s["a_only"]) == (6, 3, 1)
+    assert s["gain_points"] == 2 / 6 and s["mcnemar_p"] == mcnemar_exact([1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 1, 0])
