@@ -58,7 +58,8 @@ def prepare(args: argparse.Namespace) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from etude.policy.models import smollm2_tokenizer
-    from etude.train.sft import conversation_sequences, gather, load_sft_config
+    from etude.tasks.schema import load_tasks
+    from etude.train.sft import conversation_sequences, drill_trajectories, gather, load_sft_config
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_sft_config(args.config, overrides)
@@ -75,7 +76,14 @@ def prepare(args: argparse.Namespace) -> None:
 
         for seed in seeds:  # one cache (OUT/data/expert.jsonl) keyed by task and seed; gather returns all seeds
             pools = gather(dataclasses.replace(cfg, seed=seed), out, lambda n, s=seed: tracker(f"{n}, seed {s}"))
-    trajs = pools.get("expert") or []
+        trajs = pools.get("expert") or []
+        drills = []
+        if args.drill_tasks:  # fix drills on more tasks (new bugs in the train split's packages)
+            known = {tr.task_id for tr in trajs}
+            extra = [t for f in args.drill_tasks.split(",") for t in load_tasks(f)]
+            extra = [t for t in {t.patch: t for t in extra}.values() if t.instance_id not in known]
+            drills = drill_trajectories(extra, cfg.harness_config(), out / "data" / "drill.jsonl",
+                                        workers=cfg.expert_workers, progress=tracker("fix drills"))
     if not trajs:
         _die("the expert resolved no task: nothing to train on")
     tok = smollm2_tokenizer()
@@ -85,7 +93,10 @@ def prepare(args: argparse.Namespace) -> None:
     offsets = [0]
     tasks: set[str] = set()
     dup = too_long = 0
-    for tr in trajs:
+    n_expert = 0
+    for i, tr in enumerate([*trajs, *drills]):
+        if i == len(trajs):
+            n_expert = len(offsets) - 1
         for s in conversation_sequences(tok, tr.messages, "expert", tr.meta.get("untrained_turns") or ()):
             key = tuple(s.ids)
             if key in seen:
@@ -105,7 +116,9 @@ def prepare(args: argparse.Namespace) -> None:
         _die("token ids do not fit in uint16")
     np.savez_compressed(out / "sequences.npz", ids=np.array(ids, dtype=np.uint16),
                         mask=np.array(mask, dtype=np.uint8), offsets=np.array(offsets, dtype=np.int64))
-    summary = {"trajectories": len(trajs), "tasks": len(tasks), "seeds": seeds, "sequences": len(offsets) - 1,
+    n_expert = n_expert if drills else len(offsets) - 1
+    summary = {"trajectories": len(trajs), "drills": len(drills), "tasks": len(tasks), "seeds": seeds,
+               "sequences": len(offsets) - 1, "expert_sequences": n_expert, "drill_sequences": len(offsets) - 1 - n_expert,
                "duplicates_dropped": dup, "too_long_dropped": too_long, "tokens": len(ids),
                "loss_tokens": int(sum(mask)), "prepare_s": round(time.time() - t0, 1),
                "npz_bytes": (out / "sequences.npz").stat().st_size, "config": cfg.to_dict()}
@@ -249,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="runs/gpu_sft")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="SFT config override")
+    p.add_argument("--drill-tasks", default="", metavar="FILE[,FILE...]",
+                   help="task files to make fix drills from (etude.train.sft.drill_trajectories)")
     t = sub.add_parser("train", help="train a LoRA adapter on the sequences (GPU)")
     t.add_argument("--sequences", required=True)
     t.add_argument("--model", default="smollm2")

@@ -175,13 +175,13 @@ class ExpertPolicy:
     native_tools = False
 
     def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True,
-                 wrong_first: bool = True):
+                 wrong_first: bool = True, drill: bool = False):
         self.id, self.version = "expert", 0
         self.task = task
         self.rng = random.Random(f"{seed}:{task.instance_id}")
         self.untrained: list[int] = []  # assistant turns (0-based) SFT must not learn from (a wrong fix)
         self.decoy_failed: bool | None = None  # whether that run failed, as it must for the plan to be kept
-        self.turns = self._plan(template, semantic_search, wrong_first)
+        self.turns = self._drill(template) if drill else self._plan(template, semantic_search, wrong_first)
 
     @classmethod
     def for_task(cls, task: Task, template: Path, seed: int = 0, **kw: Any) -> ExpertPolicy | None:
@@ -206,6 +206,29 @@ class ExpertPolicy:
         return self.untrained[0] + 2 if self.untrained else None
 
     # -- the plan
+
+    def _drill(self, template: Path) -> list[list[ToolCall] | str]:
+        """A fix drill (see `drill_trajectories` in etude.train.sft): grep for the function, read it
+        window by window, make the gold edit, answer. Nothing runs the tests, so the answer turn is
+        untrained (it would claim a pass nobody saw); what is learnt is locate, read, edit."""
+        t = self.task
+        hunk = gold_hunk(t.patch)
+        if hunk is None:
+            raise ValueError("the gold patch is not one hunk in one file")
+        src = (template / hunk.path).read_text(encoding="utf-8", errors="replace")
+        edit = unique_old_str(src, hunk)
+        func = t.meta.get("function") or ""
+        bug_line = int((t.meta.get("lines") or [0])[0]) or _line_of(src, hunk.old[0])
+        span = span_of(src, func, bug_line) if func and edit else None
+        if edit is None or span is None:
+            raise ValueError("no unique old_str, or the bug is not inside a known function")
+        grep = ToolCall("", "grep", {"pattern": f"def {func.split('.')[-1]}\\b", "path": hunk.path})
+        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
+                 for lo, hi in _windows(span[0], bug_line, span[1])]
+        fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": edit[0], "new_str": edit[1]})]
+        plan: list[list[ToolCall] | str] = [[grep], *reads, fix, f"Changed `{func}` in `{hunk.path}`."]
+        self.untrained.append(len(plan) - 1)
+        return plan
 
     def _plan(self, template: Path, semantic: bool, wrong_first: bool) -> list[list[ToolCall] | str]:
         t, rng = self.task, self.rng

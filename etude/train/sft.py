@@ -70,6 +70,13 @@ class SourcesConfig:
     """Model that samples the `self` episodes (default: the config's `model`)."""
     production_file: str | None = None
     """JSONL of scored samples from `etude distill` (the `production` source)."""
+    drill: float = 0.0
+    """Weight of fix drills (`drill_trajectories`): grep, read, the gold edit, no tests run."""
+    drill_tasks: str | None = None
+    """Where drills come from: a tasks JSONL or "builtin:<split>" (default: the config's `tasks`),
+    built with curriculum seed `drill_seed`; tasks also in `tasks` are left out (the expert does them)."""
+    drill_seed: int = 7
+    """Curriculum seed of built-in drill tasks: another seed mutates other sites of the same packages."""
 
 
 @dataclass(frozen=True)
@@ -155,11 +162,11 @@ def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
 
 
 def load_task_source(spec: str, level: int = 1, max_tasks: int | None = None,
-                     progress: Callable[[str], None] | None = None) -> list[Task]:
-    """"builtin:<split>" → the curriculum split at `level`; anything else → a tasks JSONL."""
+                     progress: Callable[[str], None] | None = None, seed: int = 0) -> list[Task]:
+    """"builtin:<split>" → the curriculum split at `level` (built with curriculum `seed`); anything
+    else → a tasks JSONL."""
     if spec.startswith("builtin:"):
-
-        return builtin_curriculum(spec.split(":", 1)[1], level, max_tasks=max_tasks, progress=progress)
+        return builtin_curriculum(spec.split(":", 1)[1], level, seed=seed, max_tasks=max_tasks, progress=progress)
 
     p = Path(spec)
     if not p.is_file():
@@ -219,6 +226,42 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
                 traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
             cache.add({"task_id": t.instance_id, "key": key, "resolved": outcome.resolved,
                        "trajectory": traj.to_dict() if outcome.resolved else None})
+        except Exception as e:  # noqa: BLE001 - one task the expert cannot do must not stop the gathering
+            cache.add({"task_id": t.instance_id, "key": key, "resolved": False,
+                       "skipped": f"{type(e).__name__}: {e}"[:200]})
+
+    _run_all(todo, one, workers, len(tasks) - len(todo), len(tasks), progress)
+    return [Trajectory_from(r["trajectory"]) for r in cache.rows if r.get("resolved") and r.get("trajectory")]
+
+
+def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, seed: int = 0, workers: int = 2,
+                       progress: Callable[[int, int], None] | None = None) -> list[Trajectory]:
+    """Fix drills (cached in `out`): on each task the expert greps for the function, reads it and
+    makes the gold edit through the real harness and tools, and nothing runs the tests or grades
+    the diff (the edit is the gold hunk, so it undoes the bug by construction). A drill costs a
+    workspace and a few in-process tool calls where a full expert episode also runs the tests
+    and grades, so many more bugs can be shown for the same time. Its final answer is untrained
+    (`meta.untrained_turns`): it would claim a result nobody checked. A drill whose edit the tool
+    refused is dropped."""
+    from etude.envs.episode import open_task_episode, task_harness_config, task_request
+
+    cache = _JsonlCache(out)
+    todo = [t for t in tasks if f"{t.instance_id}:{seed}" not in cache.done]
+
+    def one(t: Task) -> None:
+        key = f"{t.instance_id}:{seed}"
+        try:
+            pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True)
+            if pol is None:
+                cache.add({"task_id": t.instance_id, "key": key, "resolved": False, "skipped": "no plan"})
+                return
+            with open_task_episode(t) as ep:
+                traj = ep.run(pol, task_request(t), task_harness_config(t, hc), task_id=t.instance_id)
+                traj = dataclasses.replace(traj, diff=traj.diff or ep.diff())
+            edits = [m for m in traj.messages if m.role == "tool" and m.name == "edit_file"]
+            ok = len(edits) == 1 and not edits[0].content.startswith("Error")
+            traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained), "drill": True})
+            cache.add({"task_id": t.instance_id, "key": key, "resolved": ok, "trajectory": traj.to_dict() if ok else None})
         except Exception as e:  # noqa: BLE001 - one task the expert cannot do must not stop the gathering
             cache.add({"task_id": t.instance_id, "key": key, "resolved": False,
                        "skipped": f"{type(e).__name__}: {e}"[:200]})
@@ -528,6 +571,14 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
         if not w.production_file:
             raise EtudeError("sources.production > 0 needs sources.production_file (from `etude distill`)")
         pools["production"] = production_sequences(Path(w.production_file))
+    if w.drill > 0:
+        spec = w.drill_tasks or cfg.tasks
+        known = {t.patch for t in tasks}
+        drill_tasks = [t for t in load_task_source(spec, cfg.level, None, seed=w.drill_seed) if t.patch not in known]
+        if not drill_tasks:
+            raise EtudeError(f"sources.drill > 0 but {spec} has no tasks beyond the expert's")
+        pools["drill"] = drill_trajectories(drill_tasks, hc, out / "data" / "drill.jsonl", seed=cfg.seed,
+                                            workers=cfg.expert_workers, progress=progress and progress("fix drills"))
     return pools
 
 
@@ -579,7 +630,8 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
             keep = [s for s in cand if len(s.ids) <= cfg.max_sequence_tokens and s.loss_tokens]
             dropped += len(cand) - len(keep)
             seqs[src] = keep
-        weights = {"expert": cfg.sources.expert, "self": cfg.sources.self, "production": cfg.sources.production}
+        weights = {"expert": cfg.sources.expert, "self": cfg.sources.self, "production": cfg.sources.production,
+                   "drill": cfg.sources.drill}
         order = mix(seqs, weights, cfg.epochs, cfg.seed)
         steps = math.ceil(len(order) / cfg.batch_sequences)
         state = trainer.restore() or {"step": 0}

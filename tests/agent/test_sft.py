@@ -120,3 +120,46 @@ def test_expert_sft_end_to_end_on_tiny_resumes_and_exports(tmp_path, isodate_tas
     pol = LocalPolicy.from_pretrained(str(out / "final"))
     assert pol.generate([{"role": "user", "content": "hi"}] and [__import__("etude").types.Message("user", "hi")],
                         max_tokens=3).token_ids
+
+
+@pytest.mark.slow
+def test_fix_drills_on_real_tasks_leave_the_gold_diff_and_train_no_answer(tmp_path, isodate_tasks, task_cache):
+    """Drills run through the real harness and tools: each kept one ends with the gold edit applied
+    (its diff undoes the bug), runs no command, and its answer turn carries no loss."""
+    from etude.tasks.curriculum import _restate
+    from etude.tasks.fetch import fetch_sdist
+    from etude.train.sft import drill_trajectories
+
+    root = fetch_sdist("isodate", "0.7.2").root
+    tasks = [t2 for t in isodate_tasks if len(t.strategy.split("+")) == 1 and (t2 := _restate(t, 1, root))]
+    drills = drill_trajectories(tasks, HarnessConfig(max_steps=8), tmp_path / "drill.jsonl", workers=1)
+    assert drills
+    tok = smollm2_tokenizer()
+    by_id = {t.instance_id: t for t in tasks}
+    for tr in drills:
+        calls = [x.call.name for x in tr.tool_calls]
+        assert calls[0] == "grep" and calls[-1] == "edit_file" and "run_terminal" not in calls
+        gold = gold_hunk(by_id[tr.task_id].patch)
+        assert [ln[1:] for ln in tr.diff.splitlines() if ln.startswith("+") and not ln.startswith("+++")] == gold.new
+        answer = tr.messages[-1]
+        assert answer.role == "assistant" and not answer.tool_calls
+        seq = conversation_sequences(tok, tr.messages, "drill", tr.meta["untrained_turns"])[-1]
+        tail = len(tok(answer.content, add_special_tokens=False)["input_ids"])
+        assert all(y == -100 for y in seq.labels[-tail:])  # the unchecked answer is not learnt
+    again = drill_trajectories(tasks, HarnessConfig(max_steps=8), tmp_path / "drill.jsonl", workers=1)
+    assert [t.task_id for t in again] == [t.task_id for t in drills]  # read back from the cache
+    # as an SFT source: `[sources] drill` on a tasks file; tasks the expert also does are left out
+    from etude.tasks import save_tasks
+    from etude.train.sft import gather, sft_config_from_dict
+
+    f = tmp_path / "tasks.jsonl"
+    save_tasks(tasks, f)
+    ids = {t.task_id for t in drills}
+
+    def cfg(**kw):
+        return sft_config_from_dict({"model": "tiny", "tasks": str(f), **kw})
+
+    pools = gather(cfg(sources={"expert": 0.0, "drill": 1.0, "drill_tasks": str(f)}), tmp_path / "run")
+    assert {t.task_id for t in pools["drill"]} == ids
+    pools = gather(cfg(sources={"drill": 1.0, "drill_tasks": str(f)}, max_tasks=1), tmp_path / "run2")
+    assert {t.task_id for t in pools["drill"]} == ids - {tasks[0].instance_id}  # the expert's task is not drilled

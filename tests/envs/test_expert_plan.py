@@ -150,3 +150,23 @@ def test_windows_read_to_the_functions_end_not_to_the_bug() -> None:
     assert len(_windows(1, 90, 400)) == 4
     with pytest.raises(ValueError, match="more than 100 lines"):
         _windows(1, 120, 400)
+
+
+def test_drill_plan_greps_reads_makes_the_gold_edit_and_leaves_its_answer_untrained(tmp_path: Path) -> None:
+    p = ExpertPolicy(_task(0), _template(tmp_path), seed=0, drill=True)
+    replies = _replies(p)
+    assert [[c.name for c in r] for r in replies] == [["grep"], ["read_file"], ["edit_file"]]
+    assert replies[0][0].arguments["pattern"] == "def area\\b"
+    assert replies[1][0].arguments["start_line"] == 4  # the `def` line the grep shows
+    edit = replies[2][0].arguments
+    after = BUGGY.replace(edit["old_str"], edit["new_str"], 1)
+    assert BUGGY.count(edit["old_str"]) == 1 and after == SRC  # the gold edit undoes the bug
+    assert isinstance(p.turns[-1], str) and p.untrained == [len(p.turns) - 1]
+    assert not any(c.name == "run_terminal" for r in replies for c in r)  # a drill runs no tests
+
+
+def test_drill_refuses_a_bug_outside_any_function(tmp_path: Path) -> None:
+    t = _task(0)
+    t = Task(t.instance_id, t.repo, t.base_commit, t.patch, "", "x", FAIL_TO_PASS=t.FAIL_TO_PASS,
+             meta={"function": "nowhere", "lines": [7]})
+    assert ExpertPolicy.for_task(t, _template(tmp_path), drill=True) is None
