@@ -38,6 +38,7 @@ from typing import Any
 
 from etude.configfile import apply_overrides, read_toml
 from etude.envs import run_episode
+from etude.envs.episode import open_task_episode, task_harness_config, task_request
 from etude.envs.expert import ExpertPolicy
 from etude.errors import EtudeError
 from etude.harness.config import HarnessConfig
@@ -243,8 +244,6 @@ def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, s
     and grades, so many more bugs can be shown for the same time. Its final answer is untrained
     (`meta.untrained_turns`): it would claim a result nobody checked. A drill whose edit the tool
     refused is dropped."""
-    from etude.envs.episode import open_task_episode, task_harness_config, task_request
-
     cache = _JsonlCache(out)
     todo = [t for t in tasks if f"{t.instance_id}:{seed}" not in cache.done]
 
