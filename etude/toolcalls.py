@@ -153,6 +153,9 @@ def _json_error(e: json.JSONDecodeError, src: str) -> str:
         hints.append("trailing comma")
     if src[e.pos : e.pos + 1] == "'":
         hints.append("single quotes")
+    if e.msg.startswith("Expecting ',' delimiter") and src[e.pos - 1 : e.pos] == '"' and src[e.pos : e.pos + 1] not in '"\n ':
+        # the string before e.pos was closed early: code in old_str/new_str with a bare `"` in it
+        hints.append('a " inside a string left unescaped (write it as \\")')
     hint = f" (looks like {' and '.join(hints)}; use strict JSON)" if hints else ""
     return f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}{hint} in {_snippet(src)}"
 

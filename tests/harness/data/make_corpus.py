@@ -64,6 +64,8 @@ case("known_tools_ok", blk(j("grep", pattern="x")), [("grep", {"pattern": "x"})]
 # ---- malformed hermes
 case("trailing_comma", blk('{"name": "grep", "arguments": {"pattern": "x",}}'), [], ["trailing comma"])
 case("single_quotes", blk("{'name': 'grep', 'arguments': {'pattern': 'x'}}"), [], ["single quotes"])
+case("unescaped_quote_in_code", blk('{"name": "edit_file", "arguments": {"path": "m.py", "old_str": "x == "+"", "new_str": "x"}}'),
+     [], ['a " inside a string left unescaped'])
 case("missing_name", blk('{"arguments": {"path": "a.py"}}'), [], ['missing "name"'])
 case("empty_name", blk('{"name": "", "arguments": {}}'), [], ['missing "name"'])
 case("name_not_string", blk('{"name": 7, "arguments": {}}'), [], ['missing "name"'])
