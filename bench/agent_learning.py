@@ -304,6 +304,8 @@ def main() -> None:
         prev = Path(d)
         theirs = json.loads((prev / "run.json").read_text()).get("config", {}).get("harness")
         ours = json.loads((work / "eval-sft" / "run.json").read_text()).get("config", {}).get("harness")
+        defaults = HarnessConfig().to_dict()  # a run from before a field existed ran with its default
+        theirs, ours = ({**defaults, **h} if isinstance(h, dict) else h for h in (theirs, ours))
         if theirs != ours or set(resolved_by_task(prev)) != set(resolved_by_task(work / "eval-sft")):
             raise SystemExit(f"{flag} {prev}: not the same held-out tasks and harness as this run")
         stages[name] = stage_figures(prev)
