@@ -207,31 +207,10 @@ class ExpertPolicy:
 
     # -- the plan
 
-    def _drill(self, template: Path) -> list[list[ToolCall] | str]:
-        """A fix drill (see `drill_trajectories` in etude.train.sft): grep for the function, read it
-        window by window, make the gold edit, answer. Nothing runs the tests, so the answer turn is
-        untrained (it would claim a pass nobody saw); what is learnt is locate, read, edit."""
+    def _site(self, template: Path) -> tuple[Hunk, str, tuple[str, str], str, int, tuple[int, int]]:
+        """What every plan starts from: the gold hunk, its file's text at base, the unique
+        (old_str, new_str) edit, the function, the bug's line and the function's (first, last) lines."""
         t = self.task
-        hunk = gold_hunk(t.patch)
-        if hunk is None:
-            raise ValueError("the gold patch is not one hunk in one file")
-        src = (template / hunk.path).read_text(encoding="utf-8", errors="replace")
-        edit = unique_old_str(src, hunk)
-        func = t.meta.get("function") or ""
-        bug_line = int((t.meta.get("lines") or [0])[0]) or _line_of(src, hunk.old[0])
-        span = span_of(src, func, bug_line) if func and edit else None
-        if edit is None or span is None:
-            raise ValueError("no unique old_str, or the bug is not inside a known function")
-        grep = ToolCall("", "grep", {"pattern": f"def {func.split('.')[-1]}\\b", "path": hunk.path})
-        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
-                 for lo, hi in _windows(span[0], bug_line, span[1])]
-        fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": edit[0], "new_str": edit[1]})]
-        plan: list[list[ToolCall] | str] = [[grep], *reads, fix, f"Changed `{func}` in `{hunk.path}`."]
-        self.untrained.append(len(plan) - 1)
-        return plan
-
-    def _plan(self, template: Path, semantic: bool, wrong_first: bool) -> list[list[ToolCall] | str]:
-        t, rng = self.task, self.rng
         hunk = gold_hunk(t.patch)
         if hunk is None:
             raise ValueError("the gold patch is not one hunk in one file")
@@ -244,10 +223,34 @@ class ExpertPolicy:
         span = span_of(src, func, bug_line) if func else None
         if span is None:
             raise ValueError("the bug is not inside a known function")
+        return hunk, src, edit, func, bug_line, span
+
+    @staticmethod
+    def _grep_and_reads(hunk: Hunk, func: str, bug_line: int,
+                        span: tuple[int, int]) -> tuple[ToolCall, list[list[ToolCall]]]:
+        """The grep for the function's `def` and its reads, window by window (`_windows`)."""
+        grep = ToolCall("", "grep", {"pattern": f"def {func.split('.')[-1]}\\b", "path": hunk.path})
+        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
+                 for lo, hi in _windows(span[0], bug_line, span[1])]
+        return grep, reads
+
+    def _drill(self, template: Path) -> list[list[ToolCall] | str]:
+        """A fix drill (see `drill_trajectories` in etude.train.sft): grep for the function, read it
+        window by window, make the gold edit, answer. Nothing runs the tests, so the answer turn is
+        untrained (it would claim a pass nobody saw); what is learnt is locate, read, edit."""
+        hunk, _, edit, func, bug_line, span = self._site(template)
+        grep, reads = self._grep_and_reads(hunk, func, bug_line, span)
+        fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": edit[0], "new_str": edit[1]})]
+        plan: list[list[ToolCall] | str] = [[grep], *reads, fix, f"Changed `{func}` in `{hunk.path}`."]
+        self.untrained.append(len(plan) - 1)
+        return plan
+
+    def _plan(self, template: Path, semantic: bool, wrong_first: bool) -> list[list[ToolCall] | str]:
+        t, rng = self.task, self.rng
+        hunk, src, edit, func, bug_line, span = self._site(template)
+        grep, reads = self._grep_and_reads(hunk, func, bug_line, span)
         test = t.FAIL_TO_PASS[0].split("[", 1)[0] if t.FAIL_TO_PASS else ""
-        leaf = func.split(".")[-1]
         run = ToolCall("", "run_terminal", {"command": f"{TEST_COMMAND} -q -x --tb=short {test}"})
-        grep = ToolCall("", "grep", {"pattern": f"def {leaf}\\b", "path": hunk.path})
         roll = rng.random()
         if semantic and roll < 0.15:
             locate = [ToolCall("", "semantic_search", {"query": func.replace(".", " "), "k": 3})]
@@ -255,8 +258,6 @@ class ExpertPolicy:
             locate = [run, grep]
         else:
             locate = [grep]
-        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
-                 for lo, hi in _windows(span[0], bug_line, span[1])]
         # Half of the grep plans also find and read the failing test, each beside the function's
         # own grep and first read: independent calls in one reply (the parallel calls to learn).
         test_at = _test_def(template, t.FAIL_TO_PASS[0]) if t.FAIL_TO_PASS and grep in locate else None
