@@ -29,6 +29,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,9 @@ def prepare(args: argparse.Namespace) -> None:
     offsets = [0]
     tasks: set[str] = set()
     dup = too_long = 0
-    n_expert = 0
-    for i, tr in enumerate([*trajs, *drills]):
-        if i == len(trajs):
-            n_expert = len(offsets) - 1
-        for s in conversation_sequences(tok, tr.messages, "expert", tr.meta.get("untrained_turns") or ()):
+    kept: Counter[str] = Counter()  # sequences kept per source
+    for source, tr in [*(("expert", tr) for tr in trajs), *(("drill", tr) for tr in drills)]:
+        for s in conversation_sequences(tok, tr.messages, source, tr.meta.get("untrained_turns") or ()):
             key = tuple(s.ids)
             if key in seen:
                 dup += 1
@@ -112,13 +111,13 @@ def prepare(args: argparse.Namespace) -> None:
             mask += [int(y != -100) for y in s.labels]
             offsets.append(len(ids))
             tasks.add(tr.task_id)
+            kept[source] += 1
     if max(ids) >= 2**16:
         _die("token ids do not fit in uint16")
     np.savez_compressed(out / "sequences.npz", ids=np.array(ids, dtype=np.uint16),
                         mask=np.array(mask, dtype=np.uint8), offsets=np.array(offsets, dtype=np.int64))
-    n_expert = n_expert if drills else len(offsets) - 1
     summary = {"trajectories": len(trajs), "drills": len(drills), "tasks": len(tasks), "seeds": seeds,
-               "sequences": len(offsets) - 1, "expert_sequences": n_expert, "drill_sequences": len(offsets) - 1 - n_expert,
+               "sequences": len(offsets) - 1, "expert_sequences": kept["expert"], "drill_sequences": kept["drill"],
                "duplicates_dropped": dup, "too_long_dropped": too_long, "tokens": len(ids),
                "loss_tokens": int(sum(mask)), "prepare_s": round(time.time() - t0, 1),
                "npz_bytes": (out / "sequences.npz").stat().st_size, "config": cfg.to_dict()}
