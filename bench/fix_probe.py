@@ -41,7 +41,7 @@ def score(reply: str, src: str, gold_src: str, path: str, bug_line: str) -> dict
     from etude.toolcalls import parse_hermes
 
     parsed = parse_hermes(reply)
-    edits = [c for c in parsed.tool_calls if c.name == "edit_file" and str(c.arguments.get("path", "")).lstrip("./") == path]
+    edits = [c for c in parsed.tool_calls if c.name == "edit_file" and str(c.arguments.get("path", "")).removeprefix("./") == path]
     out = {"well_formed": bool(parsed.tool_calls) and not parsed.errors, "edits": False, "on_bug_line": False,
            "right_fix": False}
     for c in edits[:1]:
@@ -77,16 +77,10 @@ def prompts(tasks: list[Any], work: Path, hc: Any) -> list[dict[str, Any]]:
 
 
 def run_model(spec: str, items: list[dict[str, Any]], backend: str, max_tokens: int) -> list[str]:
-    import torch
-
-    from etude.policy import make_policy
+    from etude.evals.models import _local
     from etude.tools import tool_schemas
 
-    if backend == "vllm":
-        pol = make_policy("vllm", model=spec)
-    else:
-        kw: dict[str, Any] = {"dtype": torch.bfloat16}
-        pol = make_policy(spec, **kw) if spec in ("smollm2", "tiny") else make_policy("local", model=spec, **kw)
+    pol = _local(spec, backend)  # the engine `etude eval` samples a local model with
     replies: list[str] = []
     batch = 64 if backend == "vllm" else 4
     for i in range(0, len(items), batch):
