@@ -19,7 +19,6 @@ and, per pair of models, the exact McNemar test on right_fix.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import time
@@ -29,51 +28,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _ast(src: str) -> str | None:
-    try:
-        return ast.dump(ast.parse(src))
-    except (SyntaxError, ValueError, RecursionError):
-        return None
-
-
 def score(reply: str, src: str, gold_src: str, path: str, bug_line: str) -> dict[str, bool]:
-    """The probe's figures for one reply (see the module doc)."""
-    from etude.toolcalls import parse_hermes
+    """The probe's figures for one reply (see the module doc): `etude.train.fixturn.score_edit`,
+    the score the `fix` RL env trains on."""
+    from etude.train.fixturn import score_edit
 
-    parsed = parse_hermes(reply)
-    edits = [c for c in parsed.tool_calls if c.name == "edit_file" and str(c.arguments.get("path", "")).removeprefix("./") == path]
-    out = {"well_formed": bool(parsed.tool_calls) and not parsed.errors, "edits": False, "on_bug_line": False,
-           "right_fix": False}
-    for c in edits[:1]:
-        old, new = c.arguments.get("old_str"), c.arguments.get("new_str")
-        if not isinstance(old, str) or not isinstance(new, str) or not old or src.count(old) != 1:
-            continue
-        out["edits"] = True
-        out["on_bug_line"] = bug_line.strip() in old
-        after = src.replace(old, new, 1)
-        out["right_fix"] = after == gold_src or (_ast(after) is not None and _ast(after) == _ast(gold_src))
-    return out
+    return score_edit(reply, src, gold_src, path, bug_line)
 
 
 def prompts(tasks: list[Any], work: Path, hc: Any) -> list[dict[str, Any]]:
     """Per task that has a drill: the conversation before its edit turn and what scoring needs."""
-    from etude.envs.expert import gold_hunk, unique_old_str
-    from etude.tasks.repo import prepare_repo
-    from etude.train.sft import drill_trajectories
+    from etude.train.fixturn import edit_turn_prompts
 
-    drills = {tr.task_id: tr for tr in drill_trajectories(tasks, hc, work / "drill.jsonl", workers=2)}
-    out = []
-    for t in tasks:
-        tr = drills.get(t.instance_id)
-        if tr is None:
-            continue
-        k = next(i for i, m in enumerate(tr.messages) if m.role == "assistant" and "edit_file" in m.content)
-        hunk = gold_hunk(t.patch)
-        src = (prepare_repo(t) / hunk.path).read_text(encoding="utf-8", errors="replace")
-        old, new = unique_old_str(src, hunk)
-        out.append({"task": t.instance_id, "messages": tr.messages[:k], "src": src,
-                    "gold": src.replace(old, new, 1), "path": hunk.path, "bug_line": hunk.old[0]})
-    return out
+    return edit_turn_prompts(tasks, hc, work / "drill.jsonl")
 
 
 def run_model(spec: str, items: list[dict[str, Any]], backend: str, max_tokens: int) -> list[str]:

@@ -11,6 +11,8 @@ Families:
   the real sandbox (bubblewrap). Reward = fraction of tests passed, resolved = all passed.
 - `tasks`: multi-turn repository tasks through the harness and the sandbox
   (`etude.envs.TasksEnv`: `run_episode` + `etude.rewards.score`).
+- `fix`: the edit turn of a repository task (`FixTurnEnv`, `etude.train.fixturn`): a fix drill's
+  conversation up to its edit is the prompt, the reply is scored by what its edit does to the file.
 - `episodes`: stored episodes replayed as the rollouts (`EpisodesEnv`, from a JSONL of
   `Episode.to_dict()`): off-policy data already scored, with the behaviour log-probs of when it
   was sampled. The loop trains its candidate on distilled production samples this way.
@@ -34,10 +36,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from etude.envs.tasks_env import TasksEnv
+from etude.envs.tasks_env import TasksEnv, load_task_spec
 from etude.errors import EtudeError
+from etude.harness import HarnessConfig
 from etude.protocols import Env
 from etude.sandbox import SandboxConfig, run
+from etude.train import fixturn
 from etude.types import Episode, Message, Problem, TurnSample
 
 
@@ -218,7 +222,44 @@ class EpisodesEnv:
         return [self.episodes[p.answer] for p in problems]
 
 
-ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv, "episodes": EpisodesEnv}
+class FixTurnEnv(SingleTurnEnv):
+    """The edit turn of fix drills (`etude.train.fixturn`): the conversation up to a drill's edit
+    turn is the prompt, and the reply is scored by what its edit does to the file (1.0 the gold
+    file, 0.3 an edit of the buggy line, 0.1 an edit elsewhere, -0.2 unparsable)."""
+
+    name = "fix"
+    workers = 4
+
+    def __init__(self, tasks_file: str | None = None, eval_tasks_file: str | None = None, num_train: int = 256,
+                 num_test: int = 64, harness: dict[str, Any] | None = None):
+        if not tasks_file:
+            raise EtudeError("env fix needs tasks_file (a JSONL of tasks, or builtin:curriculum:train)")
+        self.specs = {"train": (tasks_file, num_train),
+                      "test": (eval_tasks_file or "builtin:curriculum:validation", num_test)}
+        self.hc = HarnessConfig(**dict(harness or {}))  # a bad key fails now, not mid-run
+        self._problems: dict[str, list[Problem]] = {}
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in self.specs:
+            raise EtudeError(f"unknown split {split!r}")
+        if split not in self._problems:
+            spec, limit = self.specs[split]
+            items = fixturn.edit_turn_prompts(load_task_spec(spec, limit or None), self.hc, fixturn.drill_cache(self.hc))
+            if split == "train" and not items:
+                raise EtudeError(f"env fix: no task of {spec} has a drill (single-hunk level-1 tasks do)")
+            self._problems[split] = [
+                Problem(f"fix-{it['task']}", "fix", tuple(it["messages"]),
+                        {k: it[k] for k in ("src", "gold", "path", "bug_line")})
+                for it in items]
+        return self._problems[split]
+
+    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+        a = problem.answer
+        s = fixturn.score_edit(text, a["src"], a["gold"], a["path"], a["bug_line"])
+        return fixturn.edit_reward(s), {k: float(v) for k, v in s.items()}, s["right_fix"]
+
+
+ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv, "episodes": EpisodesEnv, "fix": FixTurnEnv}
 
 
 def make_env(cfg: Any) -> Env:

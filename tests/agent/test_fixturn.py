@@ -1,0 +1,110 @@
+"""The edit turn of a task (etude.train.fixturn, env `fix`, bench/fix_probe.py): a reply is a right
+fix only when its edit applies once and gives the gold file (layout aside); an edit elsewhere, a
+malformed call or an ambiguous old_str is not, and the reward ranks them in that order. On real
+tasks, the env's prompts are drill conversations that stop before the edit, the gold edit scores
+1.0, and `etude train` runs a GRPO step on them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from etude.train.fixturn import REWARDS, edit_reward, score_edit
+
+SRC = "def f(a, b):\n    if a < b:\n        return a\n    return b\n"
+GOLD = SRC.replace("a < b", "a > b")
+
+
+def _reply(old: str, new: str, path: str = "pkg/m.py") -> str:
+    args = {"path": path, "old_str": old, "new_str": new}
+    return "<tool_call>\n" + json.dumps({"name": "edit_file", "arguments": args}) + "\n</tool_call>"
+
+
+def _score(reply: str) -> dict[str, bool]:
+    return score_edit(reply, SRC, GOLD, "pkg/m.py", "    if a < b:")
+
+
+def test_the_gold_edit_scores_right_and_layout_does_not_matter():
+    assert _score(_reply("    if a < b:", "    if a > b:")) == {
+        "well_formed": True, "edits": True, "on_bug_line": True, "right_fix": True}
+    assert _score(_reply("    if a < b:", "    if (a > b):"))["right_fix"]  # the same AST
+
+
+def test_wrong_edits_and_broken_calls_are_not_right():
+    wrong = _score(_reply("    if a < b:", "    if a <= b:"))
+    assert wrong["edits"] and wrong["on_bug_line"] and not wrong["right_fix"]
+    elsewhere = _score(_reply("        return a", "        return b"))
+    assert elsewhere["edits"] and not elsewhere["on_bug_line"] and not elsewhere["right_fix"]
+    assert not _score(_reply("return", "yield"))["edits"]  # old_str occurs twice: the tool refuses it
+    assert not _score(_reply("    if a < b:", "    if a > b:", path="pkg/other.py"))["edits"]
+    broken = _score('<tool_call>\n{"name": "edit_file", "arguments": {"path": "pkg/m.py", "old_str": "x}\n</tool_call>')
+    assert broken == {"well_formed": False, "edits": False, "on_bug_line": False, "right_fix": False}
+
+
+def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then_garbage():
+    replies = [_reply("    if a < b:", "    if a > b:"), _reply("    if a < b:", "    if a <= b:"),
+               _reply("        return a", "        return b"),
+               '<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/m.py"}}\n</tool_call>',
+               '<tool_call>\n{"name": "edit_file", "arguments": {"path": </tool_call>']
+    rewards = [edit_reward(_score(r)) for r in replies]
+    assert rewards == [REWARDS[k] for k in ("right_fix", "on_bug_line", "edits", "well_formed", "malformed")]
+    assert rewards == sorted(rewards, reverse=True) and len(set(rewards)) == 5
+
+
+def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key():
+    from etude.errors import EtudeError
+    from etude.train.config import EnvConfig
+    from etude.train.envs import make_env
+
+    with pytest.raises(EtudeError, match="tasks_file"):
+        make_env(EnvConfig(name="fix"))
+    with pytest.raises(TypeError, match="max_obs"):
+        make_env(EnvConfig(name="fix", tasks_file="x.jsonl", harness={"max_obs": 1}))
+
+
+@pytest.mark.slow
+def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_path, isodate_tasks, task_cache):
+    from etude.envs.expert import gold_hunk
+    from etude.tasks import save_tasks
+    from etude.tasks.curriculum import _restate
+    from etude.tasks.fetch import fetch_sdist
+    from etude.train.envs import FixTurnEnv
+
+    root = fetch_sdist("isodate", "0.7.2").root
+    tasks = [t2 for t in isodate_tasks if len(t.strategy.split("+")) == 1 and (t2 := _restate(t, 1, root))]
+    f = tmp_path / "tasks.jsonl"
+    save_tasks(tasks, f)
+    env = FixTurnEnv(tasks_file=str(f), eval_tasks_file=str(f), harness={"max_steps": 8})
+    probs = env.problems("train")
+    assert probs and len(probs) <= len(tasks)
+    by_id = {f"fix-{t.instance_id}": t for t in tasks}
+    for p in probs:
+        assert p.messages[0].role == "system" and p.messages[-1].role == "tool"
+        assert not any(m.role == "assistant" and "edit_file" in m.content for m in p.messages)
+        hunk = gold_hunk(by_id[p.id].patch)
+        assert hunk.old[0].strip() in "\n".join(m.content for m in p.messages if m.role == "tool")  # on screen
+        a = p.answer
+        gold_old = next(ln for ln in a["src"].splitlines(keepends=True) if ln.rstrip("\n") == hunk.old[0])
+        gold_new = hunk.new[0] + "\n"
+        if a["src"].count(gold_old) == 1:
+            reward, terms, ok = env.check(p, _reply(gold_old, gold_new, a["path"]))
+            assert (reward, ok, terms["right_fix"]) == (1.0, True, 1.0)
+        assert env.check(p, "I think it is fixed.") == (REWARDS["malformed"], {
+            "well_formed": 0.0, "edits": 0.0, "on_bug_line": 0.0, "right_fix": 0.0}, False)
+    cfg = tmp_path / "fix.toml"
+    cfg.write_text(f'model = "tiny"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\nmax_new_tokens = 16\n'
+                   f'eval_every = 1\neval_problems = 1\ncheckpoint_every = 1\nprecision = "fp32"\n'
+                   f'micro_batch_tokens = 4096\n'
+                   f'[env]\nname = "fix"\ntasks_file = "{f}"\neval_tasks_file = "{f}"\n'
+                   f'[env.harness]\nmax_steps = 8\n')
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "etude.cli", "train", "--config", str(cfg), "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in recs if x["kind"] == "train"]
+    assert len(train) == 1 and train[0]["samples"] == 2
+    assert min(REWARDS.values()) <= train[0]["reward"] <= max(REWARDS.values())
