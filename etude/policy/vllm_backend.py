@@ -98,6 +98,21 @@ def _check_cpu_head_size(cfg: Any, name: str) -> None:
                          f"{', '.join(map(str, sizes))} (use --backend hf for it, or a GPU)")
 
 
+def _weights_only_view(d: Path) -> tempfile.TemporaryDirectory | None:
+    """For a training checkpoint (etude.train.checkpoint: `model.safetensors` beside
+    `optimizer.safetensors` and `rng.safetensors`), a temporary directory of links to every file
+    but the other safetensors: vLLM loads every *.safetensors of a directory without an index, and
+    an optimizer's tensors are not the model's. None for a plain model directory."""
+    extra = [f for f in d.glob("*.safetensors") if f.name != "model.safetensors"]
+    if not extra or not (d / "model.safetensors").is_file() or any(d.glob("*.safetensors.index.json")):
+        return None
+    view = tempfile.TemporaryDirectory(prefix="etude-vllm-model-")
+    for f in d.iterdir():
+        if f not in extra:
+            (Path(view.name) / f.name).symlink_to(f.resolve())
+    return view
+
+
 class VLLMPolicy:
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
@@ -118,6 +133,7 @@ class VLLMPolicy:
         if not Path(where).is_dir():
             raise EtudeError(f"the vLLM backend needs a local model directory, not {where!r}")
         self.model_dir = str(where)
+        self._view = _weights_only_view(Path(where))  # a training checkpoint: vLLM would load its optimizer too
         self.id = id or Path(str(model)).name
         self.version = version
         self.top_p = top_p
@@ -127,7 +143,7 @@ class VLLMPolicy:
         if _on_cpu():
             _check_cpu_head_size(cfg, str(model))
         self._tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        kw: dict[str, Any] = dict(model=self.model_dir, dtype=dtype, max_model_len=self._limit, seed=seed,
+        kw: dict[str, Any] = dict(model=self._view.name if self._view else self.model_dir, dtype=dtype, max_model_len=self._limit, seed=seed,
                                   logprobs_mode="processed_logprobs", generation_config="vllm",
                                   worker_extension_cls="etude.policy.vllm_worker.EtudeWorkerExtension")
         if _on_cpu():
@@ -295,6 +311,9 @@ class VLLMPolicy:
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
+        if getattr(self, "_view", None) is not None:
+            self._view.cleanup()
+            self._view = None
 
 
 def engine_state(model: Any) -> dict[str, Any]:

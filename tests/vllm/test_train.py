@@ -1,6 +1,7 @@
 """`etude train` with `rollout_backend = "vllm"` on SmolLM2: rollouts and evaluations sampled by a
 real vLLM engine, its behaviour log-probs used by the learner's importance correction, the
-learner's weights loaded into the same engine after every optimiser step (no restart)."""
+learner's weights loaded into the same engine after every optimiser step (no restart); the
+checkpoint it writes starts an engine of its own."""
 
 from __future__ import annotations
 
@@ -32,3 +33,14 @@ def test_train_with_vllm_rollouts(tmp_path):
     for r in trained:
         assert 0.95 < r["is_ratio_mean"] < 1.05 and r["is_truncated_frac"] == 0.0, r
     assert len([r for r in recs if r["kind"] == "eval"]) == 2
+    # the checkpoint (weights beside optimizer and rng tensors) starts an engine of its own, as
+    # `etude eval --backend vllm --model CKPT` does, and answers like the engine it was synced into
+    from etude.policy.vllm_backend import VLLMPolicy
+    from etude.types import Message
+
+    pol = VLLMPolicy(res["checkpoint"], dtype="float32")
+    try:
+        g = pol.generate([Message("user", "What is 12 + 30?")], max_tokens=8, temperature=0.0)
+        assert g.completion_ids and g.text
+    finally:
+        pol.close()
