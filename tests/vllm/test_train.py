@@ -41,6 +41,6 @@ def test_train_with_vllm_rollouts(tmp_path):
     pol = VLLMPolicy(res["checkpoint"], dtype="float32")
     try:
         g = pol.generate([Message("user", "What is 12 + 30?")], max_tokens=8, temperature=0.0)
-        assert g.completion_ids and g.text
+        assert g.token_ids and g.text
     finally:
         pol.close()
