@@ -90,5 +90,14 @@ class HarnessConfig:
         """JSON-shaped (tuples as lists), so a trajectory reads back equal to what was written."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
+    @classmethod
+    def from_table(cls, table: dict[str, Any], where: str = "[harness]") -> HarnessConfig:
+        """From a config table; a key that is not a field is one EtudeError naming `where`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(table) - known)
+        if bad:
+            raise EtudeError(f"{where}: unknown key(s) {', '.join(bad)} (known: {', '.join(sorted(known))})")
+        return cls(**table)
+
     def replace(self, **changes: Any) -> HarnessConfig:
         return dataclasses.replace(self, **changes)

@@ -54,15 +54,17 @@ def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then
     assert rewards == sorted(rewards, reverse=True) and len(set(rewards)) == 5
 
 
-def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key():
+def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key_in_one_line():
     from etude.errors import EtudeError
     from etude.train.config import EnvConfig
     from etude.train.envs import make_env
 
     with pytest.raises(EtudeError, match="tasks_file"):
         make_env(EnvConfig(name="fix"))
-    with pytest.raises(TypeError, match="max_obs"):
+    with pytest.raises(EtudeError, match=r"\[env\.harness\]: unknown key\(s\) max_obs"):
         make_env(EnvConfig(name="fix", tasks_file="x.jsonl", harness={"max_obs": 1}))
+    with pytest.raises(EtudeError, match="max_obs"):  # the tasks env, the same way
+        make_env(EnvConfig(name="tasks", tasks_file="x.jsonl", harness={"max_obs": 1}))
 
 
 @pytest.mark.slow
