@@ -54,10 +54,7 @@ def eval_cmd(
     harness = None
     if agent_config is not None:
         table = read_toml(agent_config, "agent config").get("harness") or {}
-        try:
-            harness = HarnessConfig(**table)
-        except TypeError as e:
-            raise EtudeError(f"bad [harness] in {agent_config}: {e}") from None
+        harness = HarnessConfig.from_table(table, f"[harness] in {agent_config}")
     if ray_address and executor != "ray":
         raise EtudeError("--ray-address needs --executor ray")
     cfg = EvalConfig(workers=workers, executor=executor, ray_address=ray_address, samples=samples, max_tasks=max_tasks,

@@ -127,10 +127,10 @@ class SFTConfig:
             raise EtudeError("epochs, batch_sequences and lr must be positive")
         if self.level not in (1, 2, 3):
             raise EtudeError(f"level must be 1, 2 or 3, not {self.level}")
-        HarnessConfig(**self.harness)  # a bad harness key is an error now, not after data gathering
+        HarnessConfig.from_table(self.harness)  # a bad harness key is an error now, not after data gathering
 
     def harness_config(self) -> HarnessConfig:
-        return HarnessConfig(**self.harness)
+        return HarnessConfig.from_table(self.harness)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,10 +153,7 @@ def sft_config_from_dict(data: dict[str, Any]) -> SFTConfig:
         raise EtudeError("[harness] must be a table")
     harness = d.pop("harness", {})
     cfg = _build(SFTConfig, d, "config")
-    try:
-        return dataclasses.replace(cfg, harness=dict(harness))
-    except TypeError as e:
-        raise EtudeError(f"bad [harness]: {e}") from None
+    return dataclasses.replace(cfg, harness=dict(harness))
 
 
 # ---------------------------------------------------------------- tasks
