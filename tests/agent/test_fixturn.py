@@ -7,12 +7,11 @@ tasks, the env's prompts are drill conversations that stop before the edit, the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from etude.train.fixturn import REWARDS, edit_reward, score_edit
+from tests.agent import TINY_STEP, train_cli
 
 SRC = "def f(a, b):\n    if a < b:\n        return a\n    return b\n"
 GOLD = SRC.replace("a < b", "a > b")
@@ -96,17 +95,8 @@ def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_p
             assert (reward, ok, terms["right_fix"]) == (1.0, True, 1.0)
         assert env.check(p, "I think it is fixed.") == (REWARDS["malformed"], {
             "well_formed": 0.0, "edits": 0.0, "on_bug_line": 0.0, "right_fix": 0.0}, False)
-    cfg = tmp_path / "fix.toml"
-    cfg.write_text(f'model = "tiny"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\nmax_new_tokens = 16\n'
-                   f'eval_every = 1\neval_problems = 1\ncheckpoint_every = 1\nprecision = "fp32"\n'
-                   f'micro_batch_tokens = 4096\n'
-                   f'[env]\nname = "fix"\ntasks_file = "{f}"\neval_tasks_file = "{f}"\n'
-                   f'[env.harness]\nmax_steps = 8\n')
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "etude.cli", "train", "--config", str(cfg), "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = train_cli(tmp_path, TINY_STEP + 'eval_every = 1\nmicro_batch_tokens = 4096\n'
+                     f'[env]\nname = "fix"\ntasks_file = "{f}"\neval_tasks_file = "{f}"\n[env.harness]\nmax_steps = 8\n')
     train = [x for x in recs if x["kind"] == "train"]
     assert len(train) == 1 and train[0]["samples"] == 2
     assert min(REWARDS.values()) <= train[0]["reward"] <= max(REWARDS.values())

@@ -1,10 +1,7 @@
 """Multi-turn agentic RL pieces: flat GRPO groups are skipped and counted, tasks are drawn by
 success so far, the reward-up/validation-down alarm, and one real step on repository tasks."""
 
-import json
 import random
-import subprocess
-import sys
 
 import pytest
 
@@ -12,6 +9,7 @@ from etude.envs.tasks_env import TasksEnv
 from etude.train.config import TrainConfig
 from etude.train.loop import flat_groups, reward_up_val_down
 from etude.types import Episode, Message, Problem
+from tests.agent import TINY_STEP, train_cli
 
 
 def _ep(r):
@@ -67,16 +65,9 @@ def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
 
     f = tmp_path / "tasks.jsonl"
     save_tasks(isodate_tasks[:3], f)
-    cfg = tmp_path / "rl.toml"
-    cfg.write_text(f'model = "tiny"\nsteps = 1\nprompts_per_step = 1\ngroup_size = 2\nmax_new_tokens = 16\n'
-                   f'eval_every = 0\neval_problems = 1\ncheckpoint_every = 1\nprecision = "fp32"\n'
-                   f'[env]\nname = "tasks"\ntasks_file = "{f}"\nnum_test = 1\nmax_steps = 2\nworkers = 2\n'
-                   f'[env.harness]\nmax_observation_chars = 500\n[env.rewards.weights]\npatch_similarity = 0.5\n')
-    out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "etude.cli", "train", "--config", str(cfg), "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    recs = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    recs = train_cli(tmp_path, TINY_STEP + 'eval_every = 0\n'
+                     f'[env]\nname = "tasks"\ntasks_file = "{f}"\nnum_test = 1\nmax_steps = 2\nworkers = 2\n'
+                     f'[env.harness]\nmax_observation_chars = 500\n[env.rewards.weights]\npatch_similarity = 0.5\n')
     train = [x for x in recs if x["kind"] == "train"]
     assert len(train) == 1 and train[0]["samples"] == 2
     assert "groups_skipped" in train[0] and "monitor/broken_calls" in train[0] and "monitor/turns" in train[0]
