@@ -13,6 +13,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="tiny random model, smallest slices (~5 minutes on 2 cores)"),
         out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder (report.html is written there)"),
         model: str = typer.Option(None, "--model", help="base model: smollm2 (default), tiny, or a model directory"),
+        backend: str = typer.Option(None, "--backend", help="engine of the evaluations and RL rollouts: auto (vllm when installed, the default), hf or vllm"),
     ) -> None:
         """The whole system on this machine: eval, sandbox RL, serving, scripted traffic, one real-time cycle, report."""
         from dataclasses import replace
@@ -25,4 +26,6 @@ def register(app: typer.Typer) -> None:
         cfg = replace(cfg, out=str(out if out != Path("runs/demo") or not quick else Path("runs/demo-quick")))
         if model:
             cfg = replace(cfg, model=model)
+        if backend:
+            cfg = replace(cfg, backend=backend)
         run_demo(cfg)

@@ -48,11 +48,14 @@ class DemoConfig:
     """base model: "smollm2" (default), "tiny" (random; --quick) or a model directory."""
     out: str = "runs/demo"
     """everything this run writes: evals, checkpoints, the loop's database, the report."""
-    eval_tasks: int = 30
-    """held-out level-1 tasks (test-split packages) for the base, SFT and RL evaluations."""
-    sft_tasks: int = 40
-    """train-split tasks whose expert trajectories the warm start learns from."""
-    sft_epochs: float = 2.0
+    eval_tasks: int = 80
+    """held-out level-1 tasks (test-split packages) for the base, SFT and RL evaluations. The base
+    resolves none, so SFT's gain is significant (exact McNemar p < 0.05) from 6 resolved: about
+    1 in 2 at 60 tasks and SFT's ~9%, 3 in 4 at 80."""
+    sft_tasks: int = 120
+    """train-split tasks whose expert trajectories the warm start learns from: more tasks, not
+    more epochs (40 tasks x 2 epochs resolved 0 of 30 held out; 156 x 1 resolved 11 of 118)."""
+    sft_epochs: float = 1.0
     agent_config: str = "configs/agent_sft.toml"
     """the agent's harness and the SFT hyperparameters (model and tasks are set by the demo)."""
     rl_config: str = "configs/agent_rl.toml"
@@ -62,13 +65,35 @@ class DemoConfig:
     validation_tasks: int = 6
     loop_config: str = "configs/loop_demo.toml"
     """the real-time cycle's config; model and root are set by the demo."""
-    workers: int = 8
+    backend: str = "auto"
+    """engine of the evaluations and of the RL rollouts: "hf", "vllm" (`make setup-vllm`; about
+    2.3x faster episodes here) or "auto" (vllm when this Python environment has it)."""
+    workers: int | None = None
+    """episodes in flight in an evaluation: None = 8 with hf (on a local Ray), 16 with vllm."""
     seed: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, rl_steps=1, prompts_per_step=1,
-                   group_size=2, validation_tasks=1, loop_config="configs/loop_tiny.toml", workers=2)
+                   group_size=2, validation_tasks=1, loop_config="configs/loop_tiny.toml", backend="hf", workers=2)
+
+
+def resolve_backend(backend: str) -> str:
+    """"auto" -> "vllm" when vLLM is importable here, else "hf"; "hf" and "vllm" as given (a
+    missing vLLM is then one line from etude.policy.check_backend)."""
+    import importlib.util
+
+    from etude.errors import EtudeError
+
+    if backend not in ("auto", "hf", "vllm"):
+        raise EtudeError(f"--backend must be auto, hf or vllm, not {backend!r}")
+    if backend == "auto":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if backend == "vllm":
+        from etude.policy import check_backend
+
+        check_backend("vllm")
+    return backend
 
 
 def _jsonable(x: Any) -> Any:
@@ -82,6 +107,9 @@ def _jsonable(x: Any) -> Any:
 class Demo:
     def __init__(self, cfg: DemoConfig, console: Console | None = None):
         self.cfg = cfg
+        # a bad or missing engine is one line before anything is written
+        self.backend = resolve_backend(cfg.backend)
+        self.workers = cfg.workers or (16 if self.backend == "vllm" else 8)
         self.out = Path(cfg.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.con = console or Console()
@@ -133,7 +161,7 @@ class Demo:
 
     def evaluate(self, model: str, name: str) -> tuple[Any, str]:
         h = replace(self._harness(), temperature=0.0)
-        cfg = EvalConfig(workers=self.cfg.workers, harness=h, bootstrap=500)
+        cfg = EvalConfig(workers=self.workers, harness=h, bootstrap=500, backend=self.backend)
         s = run_eval(self.out / "eval_slice.jsonl", model, self.out / name, cfg)
         r = s["correctness"]["resolved_rate"]
         vc = (s.get("behaviour") or {}).get("valid_call_rate") or {}
@@ -156,7 +184,9 @@ class Demo:
             "eval_every": 0, "eval_problems": c.validation_tasks, "checkpoint_every": c.rl_steps, "seed": c.seed,
             "env.tasks_file": str(self.out / "train_slice.jsonl"),
             "env.eval_tasks_file": str(self.out / "validation_slice.jsonl"),
-            "env.num_test": c.validation_tasks, "env.workers": c.workers})
+            "env.num_test": c.validation_tasks, "env.workers": self.workers,
+            # vLLM samples in this process (the engine beside the learner), not on Ray rollout actors
+            "rollout_backend": self.backend, **({"use_ray": False} if self.backend == "vllm" else {})})
         res = train(cfg, self.out / "rl", progress=True)
         ckpt = latest_checkpoint(self.out / "rl")
         res["checkpoint"] = str(ckpt) if ckpt else res.get("checkpoint")
@@ -225,7 +255,7 @@ class Demo:
         }
         path = write_report(self.out, d)
         (self.out / "demo.json").write_text(json.dumps({
-            "checkpoints": checkpoints, "heldout": held, "stages": self.stages, "cycle": rep,
+            "checkpoints": checkpoints, "backend": self.backend, "heldout": held, "stages": self.stages, "cycle": rep,
             "comparison": (self.data.get("comparison") or {}).get("gate")}, indent=1, default=str))
         return str(path), str(path)
 
@@ -266,7 +296,7 @@ def _transcript(run: Path, task_id: str, limit: int = 900) -> str:
 def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
     demo = Demo(cfg, console)
     t0 = time.monotonic()
-    demo.con.print(f"[bold]etude demo[/bold] — base model {cfg.model}, output in {demo.out}")
+    demo.con.print(f"[bold]etude demo[/bold] — base model {cfg.model}, {demo.backend} episodes, output in {demo.out}")
     demo.stage("1. tasks", demo.tasks)
     demo.stage("2. base evaluation", lambda: demo.evaluate(cfg.model, "eval-base"))
     sft = demo.stage("3. SFT warm start", demo.sft)
