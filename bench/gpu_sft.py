@@ -60,7 +60,14 @@ def prepare(args: argparse.Namespace) -> None:
 
     from etude.policy.models import smollm2_tokenizer
     from etude.tasks.schema import load_tasks
-    from etude.train.sft import conversation_sequences, drill_trajectories, gather, load_sft_config
+    from etude.train.sft import (
+        conversation_sequences,
+        drill_trajectories,
+        gather,
+        load_sft_config,
+        load_task_source,
+        new_drill_tasks,
+    )
 
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = load_sft_config(args.config, overrides)
@@ -80,9 +87,8 @@ def prepare(args: argparse.Namespace) -> None:
         trajs = pools.get("expert") or []
         drills = []
         if args.drill_tasks:  # fix drills on more tasks (new bugs in the train split's packages)
-            known = {tr.task_id for tr in trajs}
-            extra = [t for f in args.drill_tasks.split(",") for t in load_tasks(f)]
-            extra = [t for t in {t.patch: t for t in extra}.values() if t.instance_id not in known]
+            expert = load_task_source(cfg.tasks, cfg.level, cfg.max_tasks)  # the tasks gather ran the expert on
+            extra = new_drill_tasks([t for f in args.drill_tasks.split(",") for t in load_tasks(f)], expert)
             drills = drill_trajectories(extra, cfg.harness_config(), out / "data" / "drill.jsonl",
                                         workers=cfg.expert_workers, progress=tracker("fix drills"))
     if not trajs:

@@ -173,6 +173,18 @@ def load_task_source(spec: str, level: int = 1, max_tasks: int | None = None,
     return tasks[:max_tasks] if max_tasks else tasks
 
 
+def new_drill_tasks(candidates: Sequence[Task], expert_tasks: Sequence[Task]) -> list[Task]:
+    """The candidates worth a fix drill: one per bug (the first task of each patch), none whose
+    patch is already an expert task's (the expert works that bug whole)."""
+    seen = {t.patch for t in expert_tasks}
+    out: list[Task] = []
+    for t in candidates:
+        if t.patch not in seen:
+            seen.add(t.patch)
+            out.append(t)
+    return out
+
+
 # ---------------------------------------------------------------- trajectories
 
 
@@ -569,8 +581,7 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
         pools["production"] = production_sequences(Path(w.production_file))
     if w.drill > 0:
         spec = w.drill_tasks or cfg.tasks
-        known = {t.patch for t in tasks}
-        drill_tasks = [t for t in load_task_source(spec, cfg.level, None, seed=w.drill_seed) if t.patch not in known]
+        drill_tasks = new_drill_tasks(load_task_source(spec, cfg.level, None, seed=w.drill_seed), tasks)
         if not drill_tasks:
             raise EtudeError(f"sources.drill > 0 but {spec} has no tasks beyond the expert's")
         pools["drill"] = drill_trajectories(drill_tasks, hc, out / "data" / "drill.jsonl", seed=cfg.seed,

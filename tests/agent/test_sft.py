@@ -163,3 +163,16 @@ def test_fix_drills_on_real_tasks_leave_the_gold_diff_and_train_no_answer(tmp_pa
     assert {t.task_id for t in pools["drill"]} == ids
     pools = gather(cfg(sources={"drill": 1.0, "drill_tasks": str(f)}, max_tasks=1), tmp_path / "run2")
     assert {t.task_id for t in pools["drill"]} == ids - {tasks[0].instance_id}  # the expert's task is not drilled
+
+
+def test_new_drill_tasks_keep_one_task_per_bug_the_expert_does_not_work():
+    from etude.train.sft import new_drill_tasks
+    from etude.types import Task
+
+    def task(i: str, patch: str) -> Task:
+        return Task(instance_id=i, repo="r", base_commit="b", patch=patch, test_patch="", problem_statement="")
+
+    expert = [task("e1", "P1"), task("e2", "P2")]
+    cands = [task("c1", "P2"), task("c2", "P3"), task("c3", "P3"), task("c4", "P4"), task("e1", "P1")]
+    assert [t.instance_id for t in new_drill_tasks(cands, expert)] == ["c2", "c4"]
+    assert new_drill_tasks(cands[:1], expert) == []
