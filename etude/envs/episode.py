@@ -14,7 +14,7 @@ does not do: score the episode (etude.rewards does that from the returned trajec
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,7 +24,7 @@ from etude.harness.episode import AgentEpisode, open_episode
 from etude.protocols import Policy, ToolsConfig
 from etude.tasks.repo import prepare_repo, task_env
 from etude.tasks.runner import task_sandbox_config
-from etude.types import Outcome, Task, Trajectory
+from etude.types import Outcome, Task, Trajectory, Turn
 
 MAX_COMMAND_S = 120.0  # no command of an agent's episode runs longer, whatever the task allows
 # How the agent is told to run a task's tests. `-o addopts=` drops the package's own pytest options,
@@ -85,11 +85,14 @@ def run_episode(
     harness_config: HarnessConfig | None = None,
     *,
     trajectory_path: str | Path | None = None,
+    on_turn: Callable[[Turn], None] | None = None,
 ) -> tuple[Trajectory, Outcome]:
-    """Run `policy` on `task` and grade the result in a clean copy (fresh sandbox per command)."""
+    """Run `policy` on `task` and grade the result in a clean copy (fresh sandbox per command).
+    `on_turn` is run_agent's: called after each turn; what it raises ends the episode, ungraded."""
     cfg = task_harness_config(task, harness_config)
     with open_task_episode(task) as ep:
-        traj = ep.run(policy, task_request(task), cfg, task_id=task.instance_id, trajectory_path=trajectory_path)
+        traj = ep.run(policy, task_request(task), cfg, task_id=task.instance_id, trajectory_path=trajectory_path,
+                      on_turn=on_turn)
         diff = traj.diff or ep.diff()
     graded = grade(task, diff)
     meta = {**traj.meta, "outcome": graded.outcome.to_dict(), "ignored_paths": list(graded.ignored_paths)}

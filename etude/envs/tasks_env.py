@@ -35,6 +35,10 @@ from etude.tasks.curriculum import builtin_curriculum
 from etude.types import Episode, Message, Problem, Task, TurnSample
 
 
+class RolloutStopped(Exception):
+    """Ends an episode between turns once its rollout is stopped (Ctrl-C or a failed episode)."""
+
+
 def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
     """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], or builtin:SPLIT (the built-in suite)."""
     if spec.startswith("builtin:curriculum:"):
@@ -127,11 +131,25 @@ class TasksEnv:
                               "temperature": temperature})
         pol = self._policy(policy)
         jobs = [p for p in problems for _ in range(n)]  # prompt-major, as the learner groups them
-        with ThreadPoolExecutor(self.workers) as pool:
-            return list(pool.map(lambda p: self._one(pol, p, hc), jobs))
+        stop = threading.Event()
+        pool = ThreadPoolExecutor(self.workers)
+        try:
+            futures = [pool.submit(self._one, pol, p, hc, stop) for p in jobs]
+            return [f.result() for f in futures]
+        except BaseException:
+            # Ctrl-C, or an episode that failed: queued episodes never start and those in flight
+            # end after their current turn, instead of the whole step running to its end first.
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
-    def _one(self, policy: Any, p: Problem, hc: HarnessConfig) -> Episode:
-        traj, outcome = run_episode(p.answer, policy, hc)
+    def _one(self, policy: Any, p: Problem, hc: HarnessConfig, stop: threading.Event | None = None) -> Episode:
+        def check(_turn: Any) -> None:
+            if stop is not None and stop.is_set():
+                raise RolloutStopped("the rollout was stopped")
+
+        traj, outcome = run_episode(p.answer, policy, hc, on_turn=check)
         br = score(traj, p.answer, outcome, self.reward_config)
         with self._lock:
             s = self._stats.setdefault(p.id, [0, 0])

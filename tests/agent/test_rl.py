@@ -88,3 +88,31 @@ def test_an_env_built_directly_refuses_a_misspelt_key_and_make_env_gives_each_it
     env = make_env(EnvConfig(name="tasks", tasks_file="x.jsonl", max_operand=7, rewards={"weights": {"patch_similarity": 0.5}}))
     assert env.tasks_file == "x.jsonl" and env.reward_config.weights["patch_similarity"] == 0.5
     assert make_env(EnvConfig(name="arith", num_train=3, tasks_file="ignored.jsonl")).num["train"] == 3
+
+
+def test_ctrl_c_in_a_rollout_stops_episodes_after_their_turn_and_starts_no_more(monkeypatch):
+    import _thread
+    import threading
+    import time
+
+    import etude.envs.tasks_env as te
+
+    started, turns, go = [], [], threading.Event()
+
+    def fake_episode(task, policy, hc, *, on_turn=None):
+        started.append(task)
+        for _ in range(200):  # 200 turns of 10 ms unless stopped
+            go.set()
+            time.sleep(0.01)
+            turns.append(task)
+            on_turn(None)
+        raise AssertionError("an episode ran to its end")
+
+    monkeypatch.setattr(te, "run_episode", fake_episode)
+    env = TasksEnv(tasks_file="x.jsonl", workers=2)
+    probs = [Problem(f"t{i}", "tasks", (Message("user", "x"),), answer=f"t{i}") for i in range(4)]
+    threading.Thread(target=lambda: (go.wait(5), _thread.interrupt_main()), daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        env.rollout(object(), probs, n=2, max_tokens=8, temperature=1.0)
+    assert len(started) == 2  # the 6 queued episodes never started
+    assert len(turns) < 2 * 200  # the running ones stopped after a turn, not at their end
