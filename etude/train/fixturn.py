@@ -82,8 +82,11 @@ def edit_reward(s: dict[str, bool]) -> float:
 
 
 def drill_cache(hc: HarnessConfig) -> Path:
-    """Where drills made under `hc` are cached (one file per harness config, keyed inside by task)."""
-    key = hashlib.sha256(json.dumps(dataclasses.asdict(hc), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """Where drills made under `hc` are cached (one file per harness config, keyed inside by task).
+    The temperature is not part of the key: the scripted expert does not sample, so an RL config
+    (temperature 1.0) and the greedy probe share one file."""
+    fields = {k: v for k, v in dataclasses.asdict(hc).items() if k != "temperature"}
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
     d = paths.cache() / "fix_drills"
     d.mkdir(parents=True, exist_ok=True)
     return d / f"drills-{key}.jsonl"

@@ -100,3 +100,16 @@ def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_p
     train = [x for x in recs if x["kind"] == "train"]
     assert len(train) == 1 and train[0]["samples"] == 2
     assert min(REWARDS.values()) <= train[0]["reward"] <= max(REWARDS.values())
+
+
+def test_drill_cache_is_one_file_per_harness_whatever_the_temperature(tmp_path, monkeypatch):
+    import dataclasses
+
+    from etude.harness import HarnessConfig
+    from etude.train.fixturn import drill_cache
+
+    monkeypatch.setenv("ETUDE_CACHE", str(tmp_path))
+    hc = HarnessConfig(max_steps=6)
+    assert drill_cache(hc) == drill_cache(dataclasses.replace(hc, temperature=0.0))
+    assert drill_cache(hc) != drill_cache(dataclasses.replace(hc, max_observation_chars=500))
+    assert drill_cache(hc).parent.parent == tmp_path
