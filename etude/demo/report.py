@@ -118,11 +118,19 @@ def cycle_plot(stages: dict[str, float], path: Path) -> Path | None:
 def heldout_table(held: dict[str, Any] | None) -> str:
     if not held:
         return "<p>not run</p>"
+    def use(n: str) -> list[Any]:  # episodes with a well-formed tool call (absent in older demo.json files)
+        u = held[n].get("tool_use")
+        return [u["episodes"], f"[{_f(u['ci95'][0])}, {_f(u['ci95'][1])}]"] if u else ["–", "–"]
+
     rows = [[n, held[n]["resolved"], held[n]["tasks"], held[n]["rate"],
-             f"[{_f(held[n]['ci95'][0])}, {_f(held[n]['ci95'][1])}]"] for n in ("base", "sft", "rl") if n in held]
-    pairs = [[k.replace("_vs_", " vs "), v["gain"], v["mcnemar_p"]] for k, v in held.items() if "_vs_" in k]
-    return (_table(["stage", "resolved", "tasks", "rate", "Wilson 95% CI"], rows)
-            + _table(["comparison", "gain (points)", "exact McNemar p"], pairs))
+             f"[{_f(held[n]['ci95'][0])}, {_f(held[n]['ci95'][1])}]", *use(n)]
+            for n in ("base", "sft", "rl") if n in held]
+    pairs = [[k.replace("_vs_", " vs "), v["gain"], v["mcnemar_p"], v.get("tool_use_gain", "–"),
+              v.get("tool_use_mcnemar_p", "–")] for k, v in held.items() if "_vs_" in k]
+    return (_table(["stage", "resolved", "tasks", "rate", "Wilson 95% CI", "episodes with a well-formed tool call",
+                    "its Wilson 95% CI"], rows)
+            + _table(["comparison", "resolved gain (points)", "exact McNemar p", "tool-use gain (points)",
+                      "its exact McNemar p"], pairs))
 
 
 def heldout_plot(held: dict[str, Any] | None, path: Path) -> Path | None:

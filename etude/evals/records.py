@@ -50,6 +50,14 @@ def resolved_by_task(run: Path) -> dict[str, int]:
             for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
 
 
+def tool_use_by_task(run: Path) -> dict[str, int]:
+    """1 or 0 per instance id of an eval run's first sample: did the agent run at least one
+    well-formed tool call (an errored episode counts as 0)? A paired behaviour outcome: the base
+    model may run none, a warm-started one nearly always does."""
+    return {iid: int(r.get("status") == "ok" and (r.get("efficiency") or {}).get("calls_well_formed", 0) > 0)
+            for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
+
+
 def paired_outcomes(a: Path, b: Path, only: Sequence[str] | None = None) -> dict[str, Any]:
     """Run `b` against run `a` on the tasks both evaluated (and in `only`, if given): the change in
     resolved rate, the tasks only `b` and only `a` resolved, and the exact McNemar p."""

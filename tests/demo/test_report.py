@@ -39,14 +39,17 @@ def test_report_has_tables_plots_and_figures(tmp_path):
 
 
 def test_report_shows_heldout_stages_and_side_by_side(tmp_path):
-    held = {"base": {"resolved": 0, "tasks": 30, "rate": 0.0, "ci95": [0.0, 0.114]},
-            "sft": {"resolved": 9, "tasks": 30, "rate": 0.3, "ci95": [0.167, 0.479]},
-            "sft_vs_base": {"gain": 0.3, "mcnemar_p": 0.0039}}
+    held = {"base": {"resolved": 0, "tasks": 30, "rate": 0.0, "ci95": [0.0, 0.114],
+                     "tool_use": {"episodes": 0, "rate": 0.0, "ci95": [0.0, 0.114]}},
+            "sft": {"resolved": 9, "tasks": 30, "rate": 0.3, "ci95": [0.167, 0.479],
+                    "tool_use": {"episodes": 29, "rate": 0.967, "ci95": [0.8333, 0.9941]}},
+            "sft_vs_base": {"gain": 0.3, "mcnemar_p": 0.0039, "tool_use_gain": 0.967, "tool_use_mcnemar_p": 3.7e-09}}
     data = {"stages": [], "heldout": held, "sft_metrics": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}],
             "side_by_side": {"task": "pkg__synth-x", "resolved": {"base": 0, "sft": 1},
                              "columns": [("base", "[assistant] prose <b>"), ("sft", "[assistant] <tool_call>")]}}
     page = write_report(tmp_path, data).read_text()
     assert "0.0039" in page and "sft vs base" in page and "0.479" in page
+    assert "well-formed tool call" in page and "0.994" in page and "3.7e-09" in page
     assert "pkg__synth-x" in page and "prose &lt;b&gt;" in page and "&lt;tool_call&gt;" in page
     assert (tmp_path / "plots" / "heldout.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "sft.png").stat().st_size > 1000
