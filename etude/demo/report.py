@@ -142,12 +142,17 @@ def heldout_plot(held: dict[str, Any] | None, path: Path) -> Path | None:
     names = [n for n in ("base", "sft", "rl") if held and n in held]
     if not names:
         return None
-    rates = [held[n]["rate"] * 100 for n in names]
-    err = [[r - held[n]["ci95"][0] * 100 for n, r in zip(names, rates, strict=True)],
-           [held[n]["ci95"][1] * 100 - r for n, r in zip(names, rates, strict=True)]]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar(names, rates, yerr=err, capsize=6, color=["#999", "#4a7", "#37b"][: len(names)])
-    ax.set_ylabel("held-out resolved (%)")
+    panels = [("held-out resolved (%)", [held[n] for n in names])]
+    if all("tool_use" in held[n] for n in names):
+        panels.append(("episodes with a well-formed\ntool call (%)", [held[n]["tool_use"] for n in names]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.2), squeeze=False)
+    for ax, (label, figs) in zip(axes[0], panels, strict=True):
+        rates = [f["rate"] * 100 for f in figs]
+        err = [[r - f["ci95"][0] * 100 for f, r in zip(figs, rates, strict=True)],
+               [f["ci95"][1] * 100 - r for f, r in zip(figs, rates, strict=True)]]
+        ax.bar(names, rates, yerr=err, capsize=6, color=["#999", "#4a7", "#37b"][: len(names)])
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 105)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
