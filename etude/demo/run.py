@@ -21,6 +21,7 @@ what it shows); the default uses SmolLM2-135M-Instruct on CPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -30,10 +31,12 @@ from typing import Any
 from rich.console import Console
 
 from etude.demo.report import write_report
+from etude.errors import EtudeError
 from etude.evals import CompareConfig, EvalConfig, compare, run_eval
 from etude.evals.records import resolved_by_task, tool_use_by_task
 from etude.evals.stats import paired_summary, wilson_ci
 from etude.loop import LoopConfig, run_cycle
+from etude.policy import check_backend
 from etude.tasks import save_tasks
 from etude.tasks.curriculum import builtin_curriculum
 from etude.train import load_config, train
@@ -52,8 +55,8 @@ class DemoConfig:
     """held-out level-1 tasks (test-split packages) for the base, SFT and RL evaluations."""
     sft_tasks: int = 48
     """train-split tasks whose expert trajectories the warm start learns from. At demo size the
-    warm start teaches the tool calls, not the fix: 48 to 120 tasks resolved none held out here;
-    the whole train split (bench/agent_learning.py) resolves 5-11 of 118."""
+    warm start teaches the tool calls, not the fix (docs/demo.md: 48 tasks resolved 0 of 30 held
+    out, 116 resolved 0 of 47); the whole train split (bench/agent_learning.py) resolves 5-11 of 118."""
     sft_epochs: float = 1.0
     agent_config: str = "configs/agent_sft.toml"
     """the agent's harness and the SFT hyperparameters (model and tasks are set by the demo)."""
@@ -80,17 +83,11 @@ QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, rl_s
 def resolve_backend(backend: str) -> str:
     """"auto" -> "vllm" when vLLM is importable here, else "hf"; "hf" and "vllm" as given (a
     missing vLLM is then one line from etude.policy.check_backend)."""
-    import importlib.util
-
-    from etude.errors import EtudeError
-
     if backend not in ("auto", "hf", "vllm"):
         raise EtudeError(f"--backend must be auto, hf or vllm, not {backend!r}")
     if backend == "auto":
         return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if backend == "vllm":
-        from etude.policy import check_backend
-
         check_backend("vllm")
     return backend
 

@@ -145,10 +145,11 @@ class TasksEnv:
             pool.shutdown(wait=True, cancel_futures=True)
 
     def _one(self, policy: Any, p: Problem, hc: HarnessConfig, stop: threading.Event | None = None) -> Episode:
-        def check(_turn: Any) -> None:
+        def check(_turn: Any = None) -> None:
             if stop is not None and stop.is_set():
                 raise RolloutStopped("the rollout was stopped")
 
+        check()  # a queued episode a worker takes up after the stop does not start
         traj, outcome = run_episode(p.answer, policy, hc, on_turn=check)
         br = score(traj, p.answer, outcome, self.reward_config)
         with self._lock:

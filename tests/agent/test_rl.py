@@ -91,7 +91,8 @@ def test_an_env_built_directly_refuses_a_misspelt_key_and_make_env_gives_each_it
 
 
 def test_ctrl_c_in_a_rollout_stops_episodes_after_their_turn_and_starts_no_more(monkeypatch):
-    import _thread
+    import os
+    import signal
     import threading
     import time
 
@@ -102,7 +103,8 @@ def test_ctrl_c_in_a_rollout_stops_episodes_after_their_turn_and_starts_no_more(
     def fake_episode(task, policy, hc, *, on_turn=None):
         started.append(task)
         for _ in range(200):  # 200 turns of 10 ms unless stopped
-            go.set()
+            if len(started) == 2:  # Ctrl-C once both workers run an episode
+                go.set()
             time.sleep(0.01)
             turns.append(task)
             on_turn(None)
@@ -111,7 +113,8 @@ def test_ctrl_c_in_a_rollout_stops_episodes_after_their_turn_and_starts_no_more(
     monkeypatch.setattr(te, "run_episode", fake_episode)
     env = TasksEnv(tasks_file="x.jsonl", workers=2)
     probs = [Problem(f"t{i}", "tasks", (Message("user", "x"),), answer=f"t{i}") for i in range(4)]
-    threading.Thread(target=lambda: (go.wait(5), _thread.interrupt_main()), daemon=True).start()
+    # a real SIGINT, as Ctrl-C sends (it also wakes the main thread from its wait on a result)
+    threading.Thread(target=lambda: (go.wait(5), os.kill(os.getpid(), signal.SIGINT)), daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         env.rollout(object(), probs, n=2, max_tokens=8, temperature=1.0)
     assert len(started) == 2  # the 6 queued episodes never started
