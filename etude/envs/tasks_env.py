@@ -8,7 +8,8 @@ package-disjoint split), or, when unset, the built-in suite. Evaluation uses `ev
 (e.g. the curriculum's validation split) when given, else the last `num_test` tasks of the file.
 
 Episodes of one rollout run `workers` at a time; a local model then answers the waiting turns of
-all of them in one batch (`etude.policy.batcher.BatchedPolicy`). `choose` picks a batch's tasks
+all of them in one batch (`etude.policy.batcher.BatchedPolicy`). On Ctrl-C (or an episode that
+raises) the running episodes end after their current turn and queued ones never start. `choose` picks a batch's tasks
 by their success so far (weight p(1-p) + 0.05 with p the smoothed success rate), so tasks that
 are always or never solved — whose GRPO groups carry no signal — are drawn less. Every episode's
 `meta` carries what hack monitoring plots: flags, edits of test files, broken calls,
