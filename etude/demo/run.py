@@ -43,6 +43,7 @@ from etude.tasks import save_tasks
 from etude.tasks.curriculum import builtin_curriculum
 from etude.train import load_config, train
 from etude.train.checkpoint import latest_checkpoint
+from etude.train.config import with_rollout_backend
 from etude.train.metrics import read_metrics
 from etude.train.sft import load_sft_config, run_sft
 
@@ -177,14 +178,12 @@ class Demo:
 
     def rl(self, start: str) -> tuple[Any, str]:
         c = self.cfg
-        cfg = load_config(c.rl_config, {
+        cfg = load_config(c.rl_config, with_rollout_backend({
             "model": start, "steps": c.rl_steps, "prompts_per_step": c.prompts_per_step, "group_size": c.group_size,
             "eval_every": 0, "eval_problems": c.validation_tasks, "checkpoint_every": c.rl_steps, "seed": c.seed,
             "env.tasks_file": str(self.out / "train_slice.jsonl"),
             "env.eval_tasks_file": str(self.out / "validation_slice.jsonl"),
-            "env.num_test": c.validation_tasks, "env.workers": self.workers,
-            # vLLM samples in this process (the engine beside the learner), not on Ray rollout actors
-            "rollout_backend": self.backend, **({"use_ray": False} if self.backend == "vllm" else {})})
+            "env.num_test": c.validation_tasks, "env.workers": self.workers}, self.backend))
         res = train(cfg, self.out / "rl", progress=True)
         ckpt = latest_checkpoint(self.out / "rl")
         res["checkpoint"] = str(ckpt) if ckpt else res.get("checkpoint")

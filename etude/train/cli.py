@@ -12,6 +12,7 @@ from etude.configfile import parse_set
 from etude.errors import EtudeError
 from etude.scale.lowp import check_precision
 from etude.train import distributed, load_config, train
+from etude.train.config import with_rollout_backend
 from etude.train.sft_cli import register_sft
 
 
@@ -30,9 +31,7 @@ def register(app: typer.Typer) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         overrides = parse_set(set_ or [])
         if backend is not None:
-            overrides["rollout_backend"] = backend
-            if backend == "vllm":  # the engine samples in this process, not on Ray rollout actors
-                overrides.setdefault("use_ray", False)
+            overrides = with_rollout_backend(overrides, backend)
         cfg = load_config(config, overrides)
         run_dir = out or Path("runs") / config.stem
         if nproc != 1:

@@ -217,3 +217,12 @@ def _build(typ: Any, d: Any, where: str) -> Any:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a TOML config; `overrides` are dotted keys ("loss.kl_coef") applied on top."""
     return load(TrainConfig, path, "train config", overrides=overrides)
+
+
+def with_rollout_backend(overrides: dict[str, Any], backend: str) -> dict[str, Any]:
+    """`overrides` with `rollout_backend = backend`. A vLLM engine samples in this process, not
+    on Ray rollout actors, so "vllm" also sets `use_ray = false` unless `overrides` say otherwise."""
+    out = {**overrides, "rollout_backend": backend}
+    if backend == "vllm":
+        out.setdefault("use_ray", False)
+    return out

@@ -189,6 +189,18 @@ def test_agent_rl_config_rolls_out_on_one_ray_actor():
     assert cfg.use_ray and cfg.ray.num_workers == 1 and cfg.max_staleness == 0 and cfg.env.name == "tasks"
 
 
+def test_vllm_rollouts_leave_ray_unless_told_otherwise():
+    from etude.train import load_config
+    from etude.train.config import with_rollout_backend
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "agent_rl.toml"
+    cfg = load_config(path, with_rollout_backend({}, "vllm"))
+    assert cfg.rollout_backend == "vllm" and not cfg.use_ray
+    hf = load_config(path, with_rollout_backend({}, "hf"))
+    assert hf.rollout_backend == "hf" and hf.use_ray  # the config's own choice stands
+    assert with_rollout_backend({"use_ray": True}, "vllm")["use_ray"] is True  # --set wins
+
+
 def test_unreachable_ray_address_is_one_line(tmp_path):
     from etude.errors import EtudeError
 
