@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +43,22 @@ def read_records(path: Path) -> dict[Key, dict[str, Any]]:
     return out
 
 
-def resolved_by_task(run: Path) -> dict[str, int]:
-    """1 or 0 per instance id of an eval run's first sample (an errored episode counts as not
-    resolved): the paired outcomes that McNemar's test and the demo compare."""
-    return {iid: int(bool(r.get("resolved")) and r.get("status") == "ok")
+def outcome_by_task(run: Path, outcome: Callable[[dict[str, Any]], bool]) -> dict[str, int]:
+    """1 or 0 per instance id of an eval run's first sample: `outcome` of its record, 0 for an
+    errored episode. The paired outcomes McNemar's test and the demo compare."""
+    return {iid: int(r.get("status") == "ok" and bool(outcome(r)))
             for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
+
+
+def resolved_by_task(run: Path) -> dict[str, int]:
+    """Was the task resolved (see `outcome_by_task`)?"""
+    return outcome_by_task(run, lambda r: r.get("resolved"))
 
 
 def tool_use_by_task(run: Path) -> dict[str, int]:
-    """1 or 0 per instance id of an eval run's first sample: did the agent run at least one
-    well-formed tool call (an errored episode counts as 0)? A paired behaviour outcome: the base
-    model may run none, a warm-started one nearly always does."""
-    return {iid: int(r.get("status") == "ok" and (r.get("efficiency") or {}).get("calls_well_formed", 0) > 0)
-            for (iid, k), r in read_records(Path(run) / "results.jsonl").items() if k == 0}
+    """Did the agent run at least one well-formed tool call (see `outcome_by_task`)? A behaviour
+    outcome: the base model may run none, a warm-started one nearly always does."""
+    return outcome_by_task(run, lambda r: (r.get("efficiency") or {}).get("calls_well_formed", 0) > 0)
 
 
 def paired_outcomes(a: Path, b: Path, only: Sequence[str] | None = None) -> dict[str, Any]:
