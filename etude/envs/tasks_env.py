@@ -9,10 +9,10 @@ package-disjoint split), or, when unset, the built-in suite. Evaluation uses `ev
 
 Episodes of one rollout run `workers` at a time; a local model then answers the waiting turns of
 all of them in one batch (`etude.policy.batcher.BatchedPolicy`). On Ctrl-C (or an episode that
-raises) the running episodes end after their current turn and queued ones never start. `choose` picks a batch's tasks
-by their success so far (weight p(1-p) + 0.05 with p the smoothed success rate), so tasks that
-are always or never solved — whose GRPO groups carry no signal — are drawn less. Every episode's
-`meta` carries what hack monitoring plots: flags, edits of test files, broken calls,
+raises) the running episodes end after their current turn and queued ones never start. `choose`
+picks a batch's tasks by their success so far (weight p(1-p) + 0.05 with p the smoothed success
+rate), so tasks that are always or never solved — whose GRPO groups carry no signal — are drawn
+less. Every episode's `meta` carries what hack monitoring plots: flags, edits of test files, broken calls,
 clarifications, answer length, turns. Not guaranteed: the success statistics are not saved in
 checkpoints (a resumed run starts them afresh).
 """
@@ -145,9 +145,9 @@ class TasksEnv:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
 
-    def _one(self, policy: Any, p: Problem, hc: HarnessConfig, stop: threading.Event | None = None) -> Episode:
+    def _one(self, policy: Any, p: Problem, hc: HarnessConfig, stop: threading.Event) -> Episode:
         def check(_turn: Any = None) -> None:
-            if stop is not None and stop.is_set():
+            if stop.is_set():
                 raise RolloutStopped("the rollout was stopped")
 
         check()  # a queued episode a worker takes up after the stop does not start
