@@ -7,7 +7,7 @@ on stdout.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -42,21 +42,50 @@ def _emit(obj: object) -> None:
 
 @tasks_app.command("mine", no_args_is_help=True)
 def mine_cmd(
-    package: Annotated[str, typer.Option("--package", help="PyPI package name.")],
-    v_from: Annotated[str, typer.Option("--from", help="The older release (its source is the task's base).")],
-    v_to: Annotated[str, typer.Option("--to", help="The newer release (its tests and source diff).")],
     out: Annotated[Path, typer.Option("--out", help="JSONL file to write the tasks to.")],
+    package: Annotated[str | None, typer.Option("--package", help="PyPI package name.")] = None,
+    v_from: Annotated[str | None, typer.Option("--from", help="The older release (its source is the task's base).")] = None,
+    v_to: Annotated[str | None, typer.Option("--to", help="The newer release (its tests and source diff).")] = None,
+    repo: Annotated[Path | None, typer.Option("--repo", help="Instead of --package: mine a local git repository's commits.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="With --repo: only commits after this revision.")] = None,
+    until: Annotated[str, typer.Option("--until", help="With --repo: the newest commit to mine.")] = "HEAD",
+    max_tasks: Annotated[int | None, typer.Option("--max", help="With --repo: most tasks to keep.")] = None,
     split: Annotated[bool, typer.Option(help="Split the release into one task per fixing hunk/file.")] = True,
     max_trials: Annotated[int, typer.Option(help="Most single-hunk trials when splitting.")] = 60,
     extra_dep: Annotated[list[str] | None, typer.Option(help="Extra test requirement (repeatable).")] = None,
-) -> None:
-    """Tasks from a release pair: old source against new tests (FAIL_TO_PASS / PASS_TO_PASS)."""
+) -> None:  # fmt: skip
+    """Tasks from a release pair (old source against new tests) or from a git repository's commits."""
+    if repo is not None:
+        if package or v_from or v_to:
+            raise EtudeError("give either --repo DIR or --package NAME --from V --to V, not both")
+        _mine_repo(repo, out, since, until, max_tasks, extra_dep or ())
+        return
+    if not (package and v_from and v_to):
+        raise EtudeError("give --package NAME --from V --to V, or --repo DIR")
     with _status(f"mining {package} {v_from} -> {v_to}") as say:
         tasks = mine(
             package, v_from, v_to, split=split, max_trials=max_trials, extra_deps=extra_dep or (), progress=say
         )
     save_tasks(tasks, out)
     _emit({"out": str(out), "tasks": len(tasks), "instances": {t.instance_id: len(t.FAIL_TO_PASS) for t in tasks}})
+
+
+def _mine_repo(repo: Path, out: Path, since: str | None, until: str, max_tasks: int | None,
+               extra_deps: Sequence[str]) -> None:  # fmt: skip
+    """`mine --repo`: the tasks to --out, one summary line of skips on stderr, JSON on stdout."""
+    import sys
+
+    from etude.tasks.history import HistoryConfig, mine_history, summary
+
+    if max_tasks is not None and max_tasks < 1:
+        raise EtudeError(f"--max must be at least 1, got {max_tasks}")
+    cfg = HistoryConfig(max_tasks=max_tasks, since=since, until=until, extra_deps=tuple(extra_deps))
+    with _status(f"mining the history of {repo}") as say:
+        tasks, skipped = mine_history(repo, cfg, progress=say)
+    save_tasks(tasks, out)
+    print(f"etude tasks mine: {summary(len(tasks) + sum(skipped.values()), len(tasks), skipped)}", file=sys.stderr)
+    _emit({"out": str(out), "tasks": len(tasks), "skipped": dict(skipped),
+           "instances": {t.instance_id: len(t.FAIL_TO_PASS) for t in tasks}})  # fmt: skip
 
 
 @tasks_app.command("synth", no_args_is_help=True)

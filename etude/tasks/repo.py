@@ -11,7 +11,12 @@ How base is materialised (the contract for every sdist-derived task):
     or SWE-bench rows a user has checked out at base): it is copied (without .git, venvs and
     caches) and base_patch applied the same way. The cache key includes the tree's file sizes and
     mtimes, so editing the directory makes a new template.
-`base_commit` is "sdist:NAME==VER+KEY" so it names exactly this state.
+  * a task mined from git history (`etude tasks mine --repo`) names a content-addressed snapshot
+    of its base tree in `setup["archive"]` ({"sha256", "commit"}): cache()/archives/<sha256>.tar.gz
+    (etude.tasks.snapshot), unpacked and base_patch applied the same way, so the task rebuilds
+    without the repository it came from. The archive itself is not re-creatable from the task.
+`base_commit` is "sdist:NAME==VER+KEY" so it names exactly this state (for history tasks: the
+parent commit's sha, which the archive holds).
 
 The test environment: a venv per distinct requirement set (most pure-Python packages share one),
 made with `python -m venv --without-pip` from the host interpreter (so the sandbox, which binds the
@@ -37,6 +42,7 @@ from etude.paths import cache
 from etude.tasks.diffs import apply_patch
 from etude.tasks.fetch import fetch_sdist, locked, normalise
 from etude.tasks.layout import iter_files
+from etude.tasks.snapshot import unpacked
 from etude.types import Task
 
 PYTEST_PIN = "pytest==9.2.0"  # the version the project's own suite pins; every task env gets it
@@ -109,16 +115,30 @@ def _tree_signature(root: Path) -> str:
     return _key([(rel, (root / rel).stat().st_size, (root / rel).stat().st_mtime_ns) for rel in iter_files(root)])
 
 
+def archive_of(task: Task) -> str | None:
+    """The sha256 of the task's base snapshot (history tasks), None for other kinds."""
+    arc = task.setup.get("archive") or {}
+    return str(arc["sha256"]) if not task.setup.get("repo_dir") and arc.get("sha256") else None
+
+
 def _template_source(task: Task) -> tuple[Path, str]:
-    """(tree to copy, cache directory name) for the task's base."""
+    """(tree to copy, cache directory name) for the task's base; the tree is Path() when it must
+    first be fetched (sdist) or unpacked (archive)."""
     base_patch = task.setup.get("base_patch", "")
     if task.setup.get("repo_dir"):
         src = Path(task.setup["repo_dir"])
         if not src.is_dir():
             raise EtudeError(f"task {task.instance_id}: setup.repo_dir {src} is not a directory")
         return src, f"local-{src.name}-{_key(str(src.resolve()), _tree_signature(src), base_patch)}"
+    if (sha := archive_of(task)) is not None:
+        return Path(), f"archive-{sha[:16]}-{_key(sha, base_patch)}"
     pkg, ver, sha = sdist_of(task)
     return Path(), f"{normalise(pkg)}-{ver}-{base_key(pkg, ver, sha, base_patch)}"
+
+
+def template_dir(task: Task) -> Path:
+    """Where the task's template lives in the cache (built or not)."""
+    return cache() / "repos" / _template_source(task)[1]
 
 
 def prepare_repo(task: Task) -> Path:
@@ -127,12 +147,16 @@ def prepare_repo(task: Task) -> Path:
     dest = cache() / "repos" / name
     if (dest / ".git").is_dir():
         return dest
-    if not task.setup.get("repo_dir"):
+    archive = archive_of(task)
+    if not task.setup.get("repo_dir") and archive is None:
         src = fetch_sdist(*sdist_of(task)).root
     with locked(dest.with_name(dest.name + ".lock")):
         if (dest / ".git").is_dir():
             return dest  # built by another thread or process while we waited
-        return _make_template(src, dest, task.setup.get("base_patch", ""))
+        if archive is None:
+            return _make_template(src, dest, task.setup.get("base_patch", ""))
+        with unpacked(archive, dest.parent) as tree:
+            return _make_template(tree, dest, task.setup.get("base_patch", ""))
 
 
 def test_requirements(task: Task) -> list[str]:
