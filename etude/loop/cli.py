@@ -3,6 +3,7 @@ interactions + feedback -> scored samples. Logic lives in etude.loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
@@ -23,6 +24,8 @@ def loop(
     quiet: Annotated[bool, typer.Option("--quiet", help="no progress output")] = False,
     org: Annotated[str | None, typer.Option("--org", help="specialise for this organisation: a LoRA adapter from its "
                                             "interactions only, gated on its held-out tasks, canaried to its users")] = None,
+    allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="let users or the gate draw on sealed "
+                                                   "test-split packages; the cycle is marked contaminated")] = False,
 ) -> None:
     """Run one real-time RL cycle (resuming an unfinished one) and print its report as JSON."""
     if cycles < 1:
@@ -32,6 +35,8 @@ def loop(
     cfg = LoopConfig.from_toml(config)
     if org is not None:
         cfg = cfg.for_org(org)
+    if allow_test_split:
+        cfg = dataclasses.replace(cfg, allow_test_split=True)
     for _ in range(cycles):
         report = run_cycle(cfg, cycle_dir=cycle_dir, progress=not quiet)
         print(json.dumps(report.to_dict(), indent=1, default=str))

@@ -102,8 +102,9 @@ class TrainSection:
 
 @dataclass(frozen=True)
 class EvalSection:
-    suite: str = "builtin:eval"
-    """held-out suite: a task file or builtin:SPLIT (never the traffic tasks)."""
+    suite: str = "builtin:curriculum:validation"
+    """held-out suite: a task file or builtin:SPLIT (never the traffic tasks, never the sealed
+    test split: etude.tasks.seal refuses it unless the loop's allow_test_split is set)."""
     max_tasks: int = 30
     """first N tasks of the suite (at least `min_tasks`)."""
     max_steps: int = 2
@@ -263,6 +264,9 @@ class LoopConfig:
     """`[users]`: the simulated users' behaviour (etude.loop.population.UserModel)."""
     orgs: dict[str, OrgSection] = field(default_factory=dict)
     """`[orgs.NAME]` tables: organisations `etude loop --org NAME` may specialise for."""
+    allow_test_split: bool = False
+    """Let the traffic tasks or the gate suite hold sealed test-split packages (etude.tasks.seal);
+    the cycle is then marked contaminated in its state and report."""
 
     def for_org(self, org: str) -> LoopConfig:
         """This config specialised for `org` (what `--org` runs): its own cycle directories under

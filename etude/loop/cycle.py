@@ -63,6 +63,7 @@ from etude.serve.config import ServeConfig
 from etude.serve.run import ensure_model
 from etude.store import open_store
 from etude.tasks import save_tasks
+from etude.tasks.seal import check_sources
 
 
 @dataclass
@@ -136,6 +137,9 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     """Run (or resume) one cycle; returns its report (also in `cycle_dir/report.json`)."""
     if config.specialise:
         check_org(config)  # before anything is written: a bad --org leaves no trace
+    # the sealed test split (etude.tasks.seal): neither users' requests nor the gate come from it
+    contamination = check_sources([("[traffic] tasks", config.traffic.tasks if config.traffic.kind == "scripted" else None),
+                                   ("[eval] suite", config.eval.suite)], config.allow_test_split)
     root = Path(config.root)
     root.mkdir(parents=True, exist_ok=True)
     cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
@@ -143,6 +147,8 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     t0 = time.monotonic()
     with ExitStack() as stack:
         run = _Cycle(config, cdir, index, traffic, stack, progress)
+        if contamination:
+            run.state.data["contamination"] = contamination
         run.all_stages()
     report = CycleReport(index, str(cdir), run.state.data, wall_s=round(time.monotonic() - t0, 3))
     _write_json(cdir / "report.json", report.to_dict())

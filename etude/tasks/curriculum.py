@@ -74,6 +74,10 @@ BUILTIN: tuple[Member, ...] = (
     Member("six==1.17.0", "ff70335d468e7eb6ec65b95b99d3a2836546063f63acc5171de367e834932a81", "train", 30),
     Member("jmespath==1.0.1", "90261b206d6defd58fdd5e85f478bf633a2901798906be2ad389150c5c60edbe", "validation", 20),
     Member("colorama==0.4.6", "08695f5cb7ed6e0531a20572697297273c47b8cae5a63ffc6d6ed5c201be6e44", "validation", 15),
+    # Added with the seal (stop 28) so that validation can carry development decisions: >= 100 tasks.
+    Member("munch==4.0.0", "542cb151461263216a4e37c3fd9afc425feeaf38aaa3025cd2a981fadb422235", "validation", 30),
+    Member("pyhumps==3.8.0", "498026258f7ee1a8e447c2e28526c0bea9407f9a59c03260aee4bd6c04d681a3", "validation", 25),
+    Member("ordered-set==4.1.0", "694a8e44c87657c59292ede72891eb91d34131f6531463aab3009191c77364a8", "validation", 30),
     Member("idna==3.10", "12f65c9b470abda6dc35cf8e63cc574b1c52b11df2c86030af0ac09b01b13ea9", "test", 25),
     Member("itsdangerous==2.2.0", "e0050c0b7da1eea53ffaf149c0cfbb5c6e2e2b69c4bef22c81fa6eb73e5f6173", "test", 25),
     Member("parse==1.22.4", "706d458feed5a81b02768d3156e8070baf6cee7d150a3a3c0cd43101a875c3b5", "test", 25),
@@ -200,6 +204,34 @@ def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str
     if level == 3:
         tasks = [t for t in tasks if "+" in t.strategy] + _mined(name, ver, say)
     kept = [t2 for t in tasks if (t2 := _restate(t, level, sd.root)) is not None]
+    save_tasks(kept, f)
+    return kept
+
+
+def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Progress | None = None) -> list[Task]:
+    """`package_curriculum` for a local repository's working tree (a git repository): cached by
+    the tree's content, so an edit to the repository builds anew."""
+    import hashlib
+    import subprocess
+
+    if level not in LEVELS:
+        raise EtudeError(f"curriculum level must be 1, 2 or 3, not {level}")
+    root = Path(repo).resolve()
+    r = subprocess.run(["git", "-C", str(root), "ls-files", "-s"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise EtudeError(f"{root}: not a git repository")
+    st = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout
+    key = hashlib.sha256((r.stdout + st).encode()).hexdigest()[:12]
+    d = cache() / "curriculum" / CURRICULUM_VERSION
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / f"repo-{root.name}-{key}-L{level}-s{seed}-n{n}.jsonl"
+    if f.is_file():
+        return load_tasks(f)
+    mutators = LEVEL1_MUTATORS if level == 1 else SINGLE_MUTATORS
+    cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=4 * n, combine_fraction=0.0 if level < 3 else 0.75,
+                      mutators=mutators)
+    tasks = synthesise(repo=root, cfg=cfg, progress=lambda m: (progress or (lambda _m: None))(f"{root.name}: {m}"))
+    kept = [t2 for t in tasks if (t2 := _restate(t, level, root)) is not None]
     save_tasks(kept, f)
     return kept
 

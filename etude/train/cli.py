@@ -27,9 +27,12 @@ def register(app: typer.Typer) -> None:
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
         nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine: the learner is sharded with FSDP2 (gloo on CPU, NCCL on GPUs); rollouts on rank 0.")] = 1,
         backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm samples in-process, so it also sets use_ray = false unless --set says otherwise; needs `make setup-vllm`).")] = None,
+        allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Train or validate on sealed test-split packages anyway; the run is marked contaminated.")] = False,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
         overrides = parse_set(set_ or [])
+        if allow_test_split:
+            overrides["allow_test_split"] = True
         if backend is not None:
             overrides = with_rollout_backend(overrides, backend)
         cfg = load_config(config, overrides)
@@ -46,6 +49,7 @@ def register(app: typer.Typer) -> None:
             "out": str(run_dir), "steps": res["steps"], "checkpoint": res["checkpoint"],
             "resumed_from": res["resumed_from"], "reward": last.get("reward"),
             "eval_resolved": [e["eval/resolved"] for e in evals], "world_size": res.get("world_size", 1),
+            **({"contamination": res["contamination"]} if res.get("contamination") else {}),
         }))
 
 

@@ -64,6 +64,9 @@ class LoraConfig:
     """Dropout on the adapter input."""
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Linear layers that get an adapter."""
+    init: str | None = None
+    """A peft adapter directory to start from (its weights go on training; its own rank, alpha and
+    targets are used, the fields above are ignored). None: a fresh adapter."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,13 @@ class TrainConfig:
     """Held-out problems evaluated (None: all of env.num_test)."""
     step_delay_s: float = 0.0
     """Sleep after each step (tests use it to kill a run mid-way deterministically)."""
+    time_limit_s: float | None = None
+    """Stop after the step that ends past this many wall seconds of this invocation (then
+    evaluate and checkpoint as at the last step); None: run all `steps`."""
+    allow_test_split: bool = False
+    """Let `env.tasks_file` / `env.eval_tasks_file` hold sealed test-split packages
+    (etude.tasks.seal; CLI --allow-test-split). The run is then marked contaminated in
+    OUT/contamination.json and in its summary."""
     env: EnvConfig = field(default_factory=EnvConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)

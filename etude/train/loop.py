@@ -24,6 +24,7 @@ import torch
 from etude.errors import EtudeError
 from etude.policy.vllm_backend import require_vllm
 from etude.protocols import Env
+from etude.tasks.seal import check_sources
 from etude.train import distributed
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import TrainConfig
@@ -266,11 +267,16 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
     if cfg.rollout_backend == "vllm":  # before any model is loaded: one line naming the fix
         require_vllm("rollout_backend = \"vllm\"")
     out = Path(out_dir)
+    # the sealed test split: before anything is loaded or written (etude.tasks.seal)
+    contamination = check_sources([("env.tasks_file", cfg.env.tasks_file),
+                                   ("env.eval_tasks_file", cfg.env.eval_tasks_file)], cfg.allow_test_split)
     dist = distributed.init(cfg.parallel.backend, cfg.device)  # None unless launched on > 1 rank
     try:
         if dist is None or dist.is_main:
             out.mkdir(parents=True, exist_ok=True)
             _record_config(cfg, out, latest_checkpoint(out) if resume else None)
+            if contamination:
+                (out / "contamination.json").write_text(json.dumps(contamination, indent=1) + "\n")
         run = _Run(cfg, out, resume, dist)
     except BaseException:
         distributed.abort(dist)
@@ -281,7 +287,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
             evals.append(rec)
         with _progress(progress and run.main) as bar:
             task = bar.add_task("train", total=cfg.steps, completed=run.state["step"], reward=float("nan"))
+            t_start = time.monotonic()
             while run.state["step"] < cfg.steps:
+                if last and cfg.time_limit_s is not None and time.monotonic() - t_start >= cfg.time_limit_s:
+                    break  # the budget is spent: evaluate and checkpoint this step below
                 last = run.one_step()
                 step = run.state["step"]
                 if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps and (rec := run.evaluate()):
@@ -305,7 +314,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, *, resume: bool = True, progres
     distributed.close(dist)
     return {"steps": run.state["step"], "consumed": list(run.state["consumed"]), "last": last, "evals": evals,
             "checkpoint": str(ckpt) if ckpt else None, "resumed_from": run.resumed_from,
-            "world_size": run.state["world_size"], "rank": dist.rank if dist is not None else 0}
+            "world_size": run.state["world_size"], "rank": dist.rank if dist is not None else 0,
+            "contamination": contamination}
 
 
 def _progress(enabled: bool) -> Any:

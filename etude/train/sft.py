@@ -27,7 +27,6 @@ import dataclasses
 import json
 import math
 import random
-import shutil
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -49,8 +48,10 @@ from etude.policy.models import load_model
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.repo import prepare_repo
 from etude.tasks.schema import load_tasks
+from etude.tasks.seal import check_sources
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import LoraConfig, _build
+from etude.train.lora import merge_and_save, save_adapter, wrap_lora
 from etude.train.metrics import MetricsWriter
 from etude.types import Message, Task, Trajectory
 
@@ -117,6 +118,9 @@ class SFTConfig:
     """torch threads (None: torch's default)."""
     harness: dict[str, Any] = field(default_factory=dict)
     """HarnessConfig fields for the episodes (max_steps, max_observation_chars, tools, ...)."""
+    allow_test_split: bool = False
+    """Let `tasks` / `sources.drill_tasks` hold sealed test-split packages (etude.tasks.seal; CLI
+    --allow-test-split); the run is then marked contaminated in OUT/summary.json."""
     sources: SourcesConfig = SourcesConfig()
     lora: LoraConfig = LoraConfig()
 
@@ -485,11 +489,7 @@ class _Trainer:
         if torch.cuda.is_available():  # a GPU when there is one (the learner's weights stay fp32)
             self.model.to("cuda")
         if cfg.lora.enabled:
-            import peft
-
-            lcfg = peft.LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                                   target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-            self.model = peft.get_peft_model(self.model, lcfg)
+            self.model = wrap_lora(self.model, cfg.lora)
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
@@ -541,20 +541,11 @@ class _Trainer:
         return load_checkpoint(path, self) if path is not None else None
 
     def export(self) -> Path:
-        """OUT/final: a plain model directory (LoRA merged) that every command loads."""
-        final = self.out / "final"
-        tmp = self.out / ".final-tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model = self.model
+        """OUT/final: a plain model directory (LoRA merged) that every command loads; a LoRA run
+        also writes the adapter alone to OUT/adapter (its base recorded in adapter_config.json)."""
         if self.cfg.lora.enabled:
-            import copy
-
-            model = copy.deepcopy(self.model).merge_and_unload()
-        model.save_pretrained(tmp, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        return final
+            save_adapter(self.model, self.tokenizer, self.out / "adapter", base=self.cfg.model)
+        return merge_and_save(self.model, self.tokenizer, self.out / "final")
 
 
 def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Trajectory] | list[Sequence_]]:
@@ -608,6 +599,10 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
 
     hf_logging.disable_progress_bar()  # one progress display (ours), not one per shard save
     out = Path(out_dir)
+    w = cfg.sources
+    contamination = check_sources([("sft tasks", cfg.tasks if (w.expert > 0 or w.self > 0) else None),
+                                   ("sft sources.drill_tasks", (w.drill_tasks or cfg.tasks) if w.drill > 0 else None)],
+                                  cfg.allow_test_split)
     out.mkdir(parents=True, exist_ok=True)
     if (done := _finished(cfg, out)) is not None:
         return done  # the same run, already finished: nothing to gather, train or export again
@@ -670,6 +665,8 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
         "dropped_too_long": dropped, "train_tokens": sum(len(s.ids) for s in order),
         "loss_tokens": sum(s.loss_tokens for s in order), "last": last,
         "gather_s": round(gather_s, 1), "train_s": round(train_s, 1),
+        **({"adapter": str(out / "adapter")} if cfg.lora.enabled else {}),
+        **({"contamination": contamination} if contamination else {}),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

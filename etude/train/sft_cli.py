@@ -18,8 +18,13 @@ def register_sft(app: typer.Typer) -> None:
         config: Annotated[Path, typer.Option("--config", help="TOML SFT config (see configs/agent_sft.toml).")],
         out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
         set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set epochs=2 --set sources.self=0.5")] = None,
+        allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Train on sealed test-split packages anyway; the run is marked contaminated.")] = False,
     ) -> None:
         """Supervised warm start on agent trajectories (expert, own successes, production); resumes from OUT."""
-        cfg = load_sft_config(config, parse_set(set_ or []))
+        overrides = parse_set(set_ or [])
+        if allow_test_split:
+            overrides["allow_test_split"] = True
+        cfg = load_sft_config(config, overrides)
         res = run_sft(cfg, out or Path("runs") / config.stem)
-        print(json.dumps({k: res[k] for k in ("out", "final", "steps", "sequences", "trajectories", "resumed_from_step")}))
+        keys = ("out", "final", "steps", "sequences", "trajectories", "resumed_from_step", "adapter", "contamination")
+        print(json.dumps({k: res[k] for k in keys if k in res}))
