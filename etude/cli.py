@@ -30,6 +30,7 @@ COMPONENTS = (
     "serve",
     "experiments",
     "loop",
+    "pipeline",
     "demo",
 )
 
@@ -69,6 +70,7 @@ COMMAND_OWNERS = {
     "distill": "loop",
     "ab": "experiments",
     "loop": "loop",
+    "specialise": "pipeline",
     "demo": "demo",
 }
 

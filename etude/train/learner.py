@@ -38,6 +38,7 @@ from etude.train.distributed import (
     single_mesh,
     split_groups,
 )
+from etude.train.lora import wrap_lora
 from etude.train.losses import LossConfig, sample_loss
 
 
@@ -219,11 +220,7 @@ def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
     """The model to train (LoRA-wrapped if configured) and its tokenizer."""
     model, tok = load_model(cfg.model)
     if cfg.lora.enabled:
-        import peft
-
-        lcfg = peft.LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                               target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM")
-        model = peft.get_peft_model(model, lcfg)
+        model = wrap_lora(model, cfg.lora)
     return model, tok
 
 

@@ -1,0 +1,48 @@
+"""Paired comparison of two evaluations of the same tasks (base and a trained model): resolved
+with Wilson 95% intervals, exact McNemar p, gained and lost tasks, a one-sided exact test of harm,
+valid-call rate and tokens per episode, and the per-task records it was computed from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from etude.evals.records import resolved_by_task
+from etude.evals.stats import discordant, mcnemar_exact, wilson_ci
+
+
+def harm_p(losses: int, gains: int) -> float:
+    """One-sided exact p of H0 "the second arm is no worse" against "it loses more tasks than it
+    gains" (a sign test on the discordant pairs); 1.0 with no discordant pair."""
+    from scipy.stats import binomtest
+
+    if losses + gains == 0:
+        return 1.0
+    return float(binomtest(losses, losses + gains, 0.5, alternative="greater").pvalue)
+
+
+def _behaviour(run: Path) -> dict[str, Any]:
+    s = json.loads((run / "summary.json").read_text())
+    b = s.get("behaviour") or {}
+    return {"valid_call_rate": (b.get("valid_call_rate") or {}).get("mean"), "tokens_per_episode": b.get("tokens_mean")}
+
+
+def arm(k: int, n: int) -> dict[str, Any]:
+    lo, hi = wilson_ci(k, n)
+    return {"resolved": k, "rate": k / n if n else 0.0, "ci95": [lo, hi]}
+
+
+def paired_table(base_run: Path, new_run: Path, names: tuple[str, str] = ("base", "adapter")) -> dict[str, Any]:
+    """The comparison of `new_run` against `base_run` on the tasks both evaluated."""
+    a, b = resolved_by_task(Path(base_run)), resolved_by_task(Path(new_run))
+    ids = sorted(set(a) & set(b))
+    xa, xb = [a[i] for i in ids], [b[i] for i in ids]
+    losses, gains = discordant(xa, xb)
+    out: dict[str, Any] = {"tasks": len(ids)}
+    for name, xs, run in ((names[0], xa, base_run), (names[1], xb, new_run)):
+        out[name] = {**arm(sum(xs), len(ids)), **_behaviour(Path(run))}
+    out.update({"gain_points": (sum(xb) - sum(xa)) / max(1, len(ids)), "mcnemar_p": mcnemar_exact(xa, xb),
+                "gained": gains, "lost": losses, "harm_p": harm_p(losses, gains),
+                "per_task": {i: {names[0]: a[i], names[1]: b[i]} for i in ids}})
+    return out

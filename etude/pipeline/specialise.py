@@ -1,0 +1,417 @@
+"""`etude specialise`: a LoRA adapter that specialises the agent to one organisation's
+repositories, measured on functions of those repositories it never trained on.
+
+Read top to bottom in `run_specialise` (every stage is resumable through etude.pipeline.stages;
+a rerun with the same --out continues after the last finished stage):
+
+1. tasks    — level-1 curriculum tasks of each repository (NAME==VERSION from PyPI, or a local
+              git repository's working tree), plus a second seed of the same code for fix drills;
+2. split    — by function (etude.pipeline.split): held-out functions never reach training, and a
+              `select` slice of the train functions chooses between checkpoints. DIR/split.json;
+3. sft      — LoRA SFT on `--base`: the scripted expert's resolved episodes of the train tasks
+              and fix drills of the drill tasks whose functions are all train functions;
+4. rl       — GRPO on the edit turn (env `fix`) continuing the same adapter, for what is left of
+              the `--minutes` budget, validated on the select slice;
+5. choose   — the SFT or the RL adapter, by right fixes on the select slice (never held out);
+6. evaluate — base and adapter on the held-out tasks, and on the general validation split (a
+              regression check), paired, in sandboxes;
+7. report   — DIR/report.json (the fields docs/agent.md lists) and DIR/report.html with plots;
+8. register — with --register, the adapter becomes the org's candidate in the registry, which
+              `etude loop --org ORG` canaries.
+
+The artefact is DIR/adapter (peft's adapter directory, a few MiB), loadable by `etude serve`,
+`etude eval` (through DIR/merged, base + adapter merged for evaluation) and `etude loop`.
+
+What this does not guarantee: a gain. A 135M model on 2 cores learns little per minute, and
+the held-out functions are new code; the report says what was measured, with its interval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from etude.errors import EtudeError
+from etude.pipeline.compare import paired_table
+from etude.pipeline.split import FunctionSplit, check_disjoint, split_by_function, touched_functions
+from etude.pipeline.stages import Stages
+from etude.provenance import provenance
+from etude.tasks import save_tasks
+from etude.tasks.fetch import parse_spec
+from etude.tasks.schema import load_tasks
+from etude.tasks.seal import sealed_packages
+from etude.types import Task
+
+DRILL_SEED_OFFSET = 7  # drills mutate other sites of the same code (another curriculum seed)
+
+
+@dataclass(frozen=True)
+class SpecialiseConfig:
+    org: str
+    """the organisation (a slug, as API keys and the registry spell it)."""
+    repos: tuple[str, ...]
+    """its repositories: NAME==VERSION from PyPI, or the path of a local git repository."""
+    out: str
+    """everything this run writes (state, tasks, split, adapters, evaluations, report)."""
+    base: str | None = None
+    """model to specialise; None: the org's production checkpoint in the registry, else the
+    embedded default ("smollm2")."""
+    minutes: float = 40.0
+    """training budget (SFT + RL), wall minutes; task building and evaluation come on top."""
+    seed: int = 0
+    register: bool = False
+    tasks_per_repo: int = 120
+    """level-1 tasks built per repository (fewer when its tests catch fewer mutants)."""
+    drills_per_repo: int = 60
+    """tasks of the drill seed per repository (0: no drills)."""
+    heldout_fraction: float = 0.5
+    select_fraction: float = 0.15
+    min_heldout: int = 30
+    """fewer held-out tasks than this cannot carry the report: one line, exit 2."""
+    general_tasks: int = 100
+    """tasks of the built-in validation split for the regression check (never the test split)."""
+    agent_config: str = "configs/agent_sft.toml"
+    """the agent's harness and SFT hyperparameters (model, tasks and LoRA set here)."""
+    rl_config: str = "configs/fix_rl.toml"
+    """GRPO on the edit turn (model, tasks, LoRA and steps set here)."""
+    sft_epochs: float = 2.0
+    sft_lr: float = 3e-4
+    lora_r: int = 16
+    lora_alpha: int = 32
+    rl_lr: float = 5e-5
+    rl_step_s: float = 90.0
+    """expected seconds per RL step on this machine, to turn the budget into steps (the run
+    also stops at the budget's end whatever the estimate)."""
+    backend: str = "auto"
+    """episodes of evaluations and RL rollouts: "hf", "vllm" or "auto"."""
+    workers: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- input checks (before anything is written)
+
+
+def check_org(org: str) -> str:
+    from etude.store.sql import ORG_RE
+
+    if not ORG_RE.match(org or ""):
+        raise EtudeError(f"--org {org!r} is not a slug (letters, digits, '.', '_', '-'; starting with a letter or digit)")
+    return org
+
+
+def parse_repos(arg: str | Sequence[str]) -> tuple[str, ...]:
+    """`--repos SPEC[,SPEC...]`: each NAME==VERSION or a local git repository (resolved path)."""
+    items = [x.strip() for x in (arg.split(",") if isinstance(arg, str) else arg) if x.strip()]
+    if not items:
+        raise EtudeError("--repos is empty: give NAME==VERSION or the path of a git repository, comma-separated")
+    out: list[str] = []
+    sealed = sealed_packages()
+    for x in items:
+        if "==" in x:
+            name, _ = parse_spec(x)
+            from etude.tasks.fetch import normalise
+
+            if normalise(name) in sealed:
+                raise EtudeError(f"{x}: a package of the sealed test split cannot be trained on "
+                                 "(etude.tasks.seal); pick a repository of the organisation's own")
+            out.append(x)
+            continue
+        p = Path(x).expanduser()
+        if not p.is_dir():
+            raise EtudeError(f"{x}: neither NAME==VERSION nor a directory")
+        r = subprocess.run(["git", "-C", str(p), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise EtudeError(f"{x}: not a git repository")
+        out.append(str(Path(r.stdout.strip()).resolve()))
+    return tuple(out)
+
+
+def check_base(base: str | None, org: str) -> str:
+    """The model to specialise: `base` if it is one, else the org's production checkpoint, else
+    the embedded default. Reads the registry only when its database exists (nothing is created)."""
+    if base is not None:
+        if base in ("smollm2", "tiny"):
+            return base
+        p = Path(base)
+        if not ((p / "config.json").is_file() and any(p.glob("*.safetensors"))):
+            raise EtudeError(f"--base {base!r} is not a model directory (config.json and safetensors weights) "
+                             "nor smollm2/tiny")
+        return str(p.resolve())
+    from etude.store.engine import resolve_url
+
+    url = resolve_url()
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        return "smollm2"
+    from etude.serve import registry
+    from etude.store import open_store
+
+    cp = registry.production(open_store(url), org)
+    if cp is None:
+        return "smollm2"
+    if (Path(cp.path) / "adapter_config.json").is_file():
+        raise EtudeError(f"the org's production checkpoint {cp.name} is an adapter; give --base the model it sits on")
+    return cp.path
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]:
+    """Level-1 curriculum tasks of one repository (built once, then cached)."""
+    from etude.tasks.curriculum import BUILTIN, package_curriculum, repo_curriculum
+
+    if "==" in spec:
+        pins = {m.spec: m.sha256 for m in BUILTIN}
+        return package_curriculum(spec, 1, n, seed, pins.get(spec), progress)
+    return repo_curriculum(Path(spec), 1, n, seed, progress)
+
+
+def _save(tasks: Sequence[Task], path: Path) -> str:
+    save_tasks(list(tasks), path)
+    return str(path)
+
+
+# ---------------------------------------------------------------- the run
+
+
+class Specialise:
+    def __init__(self, cfg: SpecialiseConfig, console: Console | None = None):
+        check_org(cfg.org)
+        self.cfg = dataclasses.replace(cfg, repos=parse_repos(cfg.repos))
+        self.base = check_base(cfg.base, cfg.org)
+        from etude.demo.run import resolve_backend
+
+        self.backend = resolve_backend(cfg.backend)
+        self.workers = cfg.workers or (16 if self.backend == "vllm" else 8)
+        self.out = Path(cfg.out).resolve()
+        self.con = console or Console()
+        self.t0 = time.time()
+        self.stages = Stages(self.out, {**dataclasses.asdict(self.cfg), "base": self.base}, self.con)
+
+    # -- 1. tasks
+    def tasks(self) -> tuple[dict[str, Any], str]:
+        c = self.cfg
+        org, drills = [], []
+        for spec in c.repos:
+            with self.con.status(f"building tasks of {spec}") as status:
+                def say(m: str, s: str = spec) -> None:
+                    status.update(f"{Path(s).name}: {m}")
+                org += repo_tasks(spec, c.tasks_per_repo, c.seed, say)
+                if c.drills_per_repo:
+                    drills += repo_tasks(spec, c.drills_per_repo, c.seed + DRILL_SEED_OFFSET, say)
+        if not org:
+            raise EtudeError(f"no level-1 tasks could be built from {', '.join(c.repos)} (do their tests run?)")
+        _save(org, self.out / "tasks" / "org.jsonl")
+        _save(drills, self.out / "tasks" / "drill_candidates.jsonl")
+        return ({"org": len(org), "drill_candidates": len(drills)},
+                f"{len(org)} tasks from {len(c.repos)} repositories, {len(drills)} drill candidates")
+
+    # -- 2. split
+    def split(self) -> tuple[dict[str, Any], str]:
+        c = self.cfg
+        org = load_tasks(self.out / "tasks" / "org.jsonl")
+        touched = {t.instance_id: touched_functions(t) for t in org}
+        sp: FunctionSplit = split_by_function(org, touched, heldout_fraction=c.heldout_fraction,
+                                              select_fraction=c.select_fraction, seed=c.seed)
+        check_disjoint(sp.train + sp.select, sp.heldout, touched)
+        if len(sp.heldout) < c.min_heldout:
+            raise EtudeError(f"{', '.join(c.repos)} yield {len(sp.heldout)} held-out tasks "
+                             f"({len(org)} tasks over {len(sp.functions['heldout']) + len(sp.functions['train'])} "
+                             f"functions); the report needs at least {c.min_heldout}: add repositories or raise "
+                             "tasks_per_repo")
+        # drills: only bugs whose every touched function is a train function (never select or held out)
+        cands = load_tasks(self.out / "tasks" / "drill_candidates.jsonl")
+        train_fns = set(sp.functions["train"])
+        train_patches = {t.patch for t in sp.train}
+        drills = [t for t in cands if touched_functions(t) <= train_fns and t.patch not in train_patches]
+        d = sp.to_dict(c.seed)
+        d["drills"] = {"tasks": [t.instance_id for t in drills], "n_tasks": len(drills),
+                       "candidates": len(cands)}
+        (self.out / "split.json").write_text(json.dumps(d, indent=1) + "\n")
+        for side, ts in (("train", sp.train), ("select", sp.select), ("heldout", sp.heldout), ("drills", drills)):
+            _save(ts, self.out / "tasks" / f"{side}.jsonl")
+        return ({k: d[k]["n_tasks"] for k in ("train", "select", "heldout", "drills")},
+                f"train {len(sp.train)} tasks / {d['train']['n_functions']} functions, select {len(sp.select)}, "
+                f"held out {len(sp.heldout)} / {d['heldout']['n_functions']} functions, {len(sp.dropped)} dropped "
+                f"(both sides), {len(drills)} drills")
+
+    # -- 3. SFT (LoRA)
+    def sft(self) -> tuple[dict[str, Any], str]:
+        from etude.train.sft import load_sft_config, run_sft
+
+        c = self.cfg
+        drills = self.out / "tasks" / "drills.jsonl"
+        n_drills = len(load_tasks(drills)) if drills.is_file() else 0
+        cfg = load_sft_config(c.agent_config, {
+            "model": self.base, "tasks": str(self.out / "tasks" / "train.jsonl"), "epochs": c.sft_epochs,
+            "lr": c.sft_lr, "seed": c.seed, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
+            "sources.drill": 1.0 if n_drills else 0.0,
+            **({"sources.drill_tasks": str(drills)} if n_drills else {})})
+        res = run_sft(cfg, self.out / "sft")
+        return res, (f"{res['steps']} LoRA steps on {res['trajectories'].get('expert', 0)} expert episodes and "
+                     f"{res['trajectories'].get('drill', 0)} drills, final loss {res['last'].get('loss', float('nan')):.3f}")
+
+    # -- 4. RL on the edit turn (LoRA continued)
+    def rl(self, adapter: str, seconds_left: float) -> tuple[dict[str, Any], str]:
+        from etude.train import load_config, train
+        from etude.train.config import with_rollout_backend
+
+        c = self.cfg
+        steps = int(seconds_left // c.rl_step_s)
+        if steps < 2:
+            return {"steps": 0, "skipped": f"{seconds_left:.0f} s of budget left"}, "skipped: no budget left"
+        train_file = self.out / "tasks" / "rl_train.jsonl"
+        _save(load_tasks(self.out / "tasks" / "train.jsonl") + load_tasks(self.out / "tasks" / "drills.jsonl"), train_file)
+        every = max(1, steps // 2)
+        cfg = load_config(c.rl_config, with_rollout_backend({
+            "model": self.base, "lora.enabled": True, "lora.init": adapter, "lr": c.rl_lr, "steps": steps,
+            "seed": c.seed, "eval_every": every, "checkpoint_every": every, "keep_checkpoints": 4,
+            "time_limit_s": seconds_left, "env.tasks_file": str(train_file),
+            "env.eval_tasks_file": str(self.out / "tasks" / "select.jsonl"), "env.num_train": 100000,
+            "env.num_test": 100000, "eval_problems": None}, self.backend))
+        res = train(cfg, self.out / "rl", progress=True)
+        evals = [{"step": e["step"], "right_fix": e.get("eval/successes"), "reward": e.get("eval/reward")}
+                 for e in res["evals"]]
+        return {"steps": res["steps"], "checkpoint": res["checkpoint"], "evals": evals, "last": res["last"]}, (
+            f"{res['steps']} GRPO steps on the edit turn; select-slice right fixes by step: "
+            + ", ".join(f"{e['step']}: {e['right_fix']}" for e in evals))
+
+    # -- 5. choose on the select slice
+    def choose(self, sft: dict[str, Any], rl: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The RL adapter when its last select-slice evaluation has at least the right fixes of
+        its first (step 0 = the SFT adapter), else the SFT adapter. Never reads held-out tasks."""
+        chosen, why = sft["adapter"], "SFT adapter (no RL steps)"
+        evals = [e for e in rl.get("evals", []) if e.get("right_fix") is not None]
+        if rl.get("steps") and rl.get("checkpoint") and evals:
+            first, last = evals[0]["right_fix"], evals[-1]["right_fix"]
+            if last >= first:
+                chosen, why = rl["checkpoint"], f"RL adapter: select right fixes {first} -> {last}"
+            else:
+                why = f"SFT adapter: RL lowered select right fixes {first} -> {last}"
+        dest = self.out / "adapter"
+        tmp = self.out / ".adapter-tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(chosen, tmp, ignore=shutil.ignore_patterns("optimizer*", "rng*", "state.json"))
+        acfg = json.loads((tmp / "adapter_config.json").read_text())
+        acfg["base_model_name_or_path"] = self.base  # what `etude serve` and vLLM load it on
+        (tmp / "adapter_config.json").write_text(json.dumps(acfg, indent=2))
+        shutil.rmtree(dest, ignore_errors=True)
+        tmp.rename(dest)
+        size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+        from etude.train.lora import merge_adapter_dir
+
+        merge_adapter_dir(dest, self.base, self.out / "merged")
+        return {"adapter": str(dest), "from": chosen, "why": why, "bytes": size}, f"{why}; {size / 2**20:.1f} MiB"
+
+    # -- 6. evaluations
+    def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
+        from etude.evals import EvalConfig, run_eval
+        from etude.train.sft import load_sft_config
+
+        h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0)
+        ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
+        s = run_eval(suite, model, self.out / name, ecfg)
+        r = s["correctness"]["resolved_rate"]
+        return {"dir": str(self.out / name), "resolved_rate": r["mean"]}, (
+            f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks ({name})")
+
+    def general_suite(self) -> Path:
+        from etude.tasks.curriculum import builtin_curriculum
+
+        f = self.out / "tasks" / "general.jsonl"
+        if not f.is_file():
+            _save(builtin_curriculum("validation", 1, 0, self.cfg.general_tasks), f)
+        return f
+
+    # -- 7. report
+    def report(self) -> tuple[dict[str, Any], str]:
+        c = self.cfg
+        split = json.loads((self.out / "split.json").read_text())
+        held = paired_table(self.out / "eval-heldout-base", self.out / "eval-heldout-adapter")
+        gen = paired_table(self.out / "eval-general-base", self.out / "eval-general-adapter")
+        gen["no_regression"] = bool(gen["adapter"]["rate"] >= gen["base"]["rate"] - 0.03 and gen["harm_p"] > 0.05)
+        chosen = self.stages.result("5. choose")
+        rep = {
+            "org": c.org, "repos": list(c.repos), "base": self.base,
+            "adapter": {"path": chosen["adapter"], "bytes": chosen["bytes"], "chosen": chosen["why"]},
+            "split": {side: {"functions": split[side]["n_functions"], "tasks": split[side]["n_tasks"]}
+                      for side in ("train", "select", "heldout")} | {"dropped": len(split["dropped"]),
+                                                                     "drills": split["drills"]["n_tasks"]},
+            "heldout": held, "general": gen,
+            "stages": self.stages.times(),
+            "budget_minutes": c.minutes,
+            "provenance": provenance(seeds={"split": c.seed, "curriculum": c.seed,
+                                            "drills": c.seed + DRILL_SEED_OFFSET}, started=self.t0,
+                                     stages=self.stages.times()),
+        }
+        (self.out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
+        from etude.pipeline.report import write_specialise_report
+
+        html = write_specialise_report(self.out, rep)
+        h = held
+        return rep, (f"held out: base {h['base']['resolved']}/{h['tasks']} -> adapter {h['adapter']['resolved']}/"
+                     f"{h['tasks']} (McNemar p = {h['mcnemar_p']:.3g}); general: no_regression = "
+                     f"{gen['no_regression']}; {html}")
+
+    # -- 8. register
+    def register(self) -> tuple[dict[str, Any], str]:
+        from etude.serve import registry
+        from etude.store import open_store
+
+        store = open_store()
+        rep = json.loads((self.out / "report.json").read_text())
+        digest = _dir_digest(self.out / "adapter")
+        name = f"{self.cfg.org}-spec-{digest[:10]}"
+        try:
+            cp = registry.get_checkpoint(store, name)
+        except Exception:  # noqa: BLE001 - not registered yet
+            cp = registry.register_checkpoint(
+                store, name, str(self.out / "adapter"), org=self.cfg.org, state="candidate",
+                meta={"base": self.base, "kind": "specialised", "report": str(self.out / "report.json"),
+                      "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
+        return {"name": cp.name, "state": cp.state}, f"registered {cp.name} as {self.cfg.org}'s candidate"
+
+
+def _dir_digest(d: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(d.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(d).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dict[str, Any]:
+    sp = Specialise(cfg, console)
+    st = sp.stages
+    sp.con.print(f"[bold]etude specialise[/bold] — org {cfg.org}, base {sp.base}, {sp.backend} episodes, "
+                 f"budget {cfg.minutes:g} min, output in {sp.out}")
+    st.run("1. tasks", sp.tasks)
+    st.run("2. split", sp.split)
+    t_train = time.monotonic()
+    sft = st.run("3. SFT (LoRA)", sp.sft)
+    spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
+    rl = st.run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent))
+    st.run("5. choose", lambda: sp.choose(sft, rl))
+    st.run("6a. held-out, base", lambda: sp.evaluate(sp.out / "tasks" / "heldout.jsonl", sp.base, "eval-heldout-base"))
+    st.run("6b. held-out, adapter", lambda: sp.evaluate(sp.out / "tasks" / "heldout.jsonl", str(sp.out / "merged"),
+                                                        "eval-heldout-adapter"))
+    gen = sp.general_suite()
+    st.run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"))
+    st.run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"))
+    rep = st.run("7. report", sp.report, resumable=False)
+    if cfg.register:
+        rep["registered"] = st.run("8. register", sp.register)
+    return rep
+

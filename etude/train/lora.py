@@ -1,0 +1,79 @@
+"""LoRA wrapping and export, one place for the RL learner and the SFT trainer.
+
+`wrap_lora` puts a fresh peft adapter on a model, or continues one (`LoraConfig.init`: an adapter
+directory, e.g. an SFT stage's, trained further by RL). `save_adapter` writes the adapter alone
+(peft's adapter_config.json + adapter_model.safetensors: small, loaded on its base by `etude serve`,
+`etude eval` and vLLM); `merge_and_save` writes base + adapter as a plain model directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.train.config import LoraConfig
+
+
+def wrap_lora(model: Any, cfg: LoraConfig) -> Any:
+    """`model` with a trainable LoRA adapter: `cfg.init`'s weights when set, else a fresh one."""
+    import peft
+
+    if cfg.init:
+        if not (Path(cfg.init) / "adapter_config.json").is_file():
+            raise EtudeError(f"lora.init = {cfg.init!r} is not a LoRA adapter directory (no adapter_config.json)")
+        return peft.PeftModel.from_pretrained(model, cfg.init, is_trainable=True)
+    lcfg = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                           target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
+    return peft.get_peft_model(model, lcfg)
+
+
+def _atomic_save(out: Path, write: Any) -> Path:
+    tmp = out.with_name(f".{out.name}-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def save_adapter(model: Any, tokenizer: Any, out: str | Path, base: str | None = None) -> Path:
+    """The adapter of peft `model` alone at `out` (written under a temporary name, then renamed);
+    `base` is recorded as the adapter's base model when given."""
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if base is not None:
+            import json
+
+            f = tmp / "adapter_config.json"
+            cfg = json.loads(f.read_text())
+            cfg["base_model_name_or_path"] = str(base)
+            f.write_text(json.dumps(cfg, indent=2))
+    return _atomic_save(Path(out), write)
+
+
+def merge_and_save(model: Any, tokenizer: Any, out: str | Path) -> Path:
+    """A plain model directory at `out`: `model` itself, or with its LoRA adapter merged in (a
+    copy is merged; `model` keeps training)."""
+    def write(tmp: Path) -> None:
+        m = copy.deepcopy(model).merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        m.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return _atomic_save(Path(out), write)
+
+
+def merge_adapter_dir(adapter_dir: str | Path, base_model: str, out: str | Path) -> Path:
+    """`base_model` with the adapter at `adapter_dir` merged in, saved at `out`; kept if present."""
+    from peft import PeftModel
+
+    from etude.policy.models import load_model
+
+    out = Path(out)
+    if (out / "config.json").is_file():
+        return out
+    model, tok = load_model(base_model)
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    return merge_and_save(merged, tok, out)
