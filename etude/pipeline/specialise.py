@@ -146,11 +146,14 @@ def check_base(base: str | None, org: str) -> str:
             raise EtudeError(f"--base {base!r} is not a model directory (config.json and safetensors weights) "
                              "nor smollm2/tiny")
         return str(p.resolve())
-    from etude.store.engine import resolve_url
+    import os
 
-    url = resolve_url()
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        return "smollm2"
+    url = os.environ.get("ETUDE_DB") or ""
+    if not url:  # the default SQLite file; its absence means no registry (and nothing is created)
+        db = Path(os.environ.get("ETUDE_HOME", Path.home() / ".etude")) / "etude.db"
+        if not db.is_file():
+            return "smollm2"
+        url = f"sqlite:///{db}"
     from etude.serve import registry
     from etude.store import open_store
 
@@ -163,6 +166,27 @@ def check_base(base: str | None, org: str) -> str:
 
 
 # ---------------------------------------------------------------- tasks
+
+
+def check_packages(repos: Sequence[str]) -> None:
+    """Fetch every NAME==VERSION's sdist now, so an unknown package or version is one line before
+    anything is written (a failed fetch leaves no trace in the cache)."""
+    from etude.paths import cache
+    from etude.tasks.fetch import fetch_sdist, normalise
+
+    for spec in repos:
+        if "==" not in spec:
+            continue
+        name, ver = parse_spec(spec)
+        d = cache() / "sdists" / f"{normalise(name)}-{ver}"
+        new = not d.exists()
+        try:
+            fetch_sdist(name, ver)
+        except EtudeError:
+            if new:
+                shutil.rmtree(d, ignore_errors=True)
+                d.with_name(d.name + ".lock").unlink(missing_ok=True)
+            raise
 
 
 def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]:
@@ -188,6 +212,7 @@ class Specialise:
         check_org(cfg.org)
         self.cfg = dataclasses.replace(cfg, repos=parse_repos(cfg.repos))
         self.base = check_base(cfg.base, cfg.org)
+        check_packages(self.cfg.repos)
         from etude.demo.run import resolve_backend
 
         self.backend = resolve_backend(cfg.backend)
