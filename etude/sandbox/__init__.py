@@ -21,10 +21,13 @@ What it does not guarantee:
 - It is not a VM: it shares the host kernel, so a kernel exploit escapes it.
 - Without writable cgroups and with a root launcher there is no process cap and memory is capped
   per process only (RLIMIT_AS); see docs/sandbox.md.
-- Disk: /tmp (tmp_mb) and, with a root launcher, each workspace's writable layer (a tmpfs of
-  `Workspace.create(disk_mb=...)`, default 1 GiB) are size-capped: writes past the cap get
-  ENOSPC. A non-root launcher cannot mount that tmpfs: its workspaces are capped per file only,
-  and it is warned on stderr. tmpfs pages count against the memory cgroup.
+- Disk: /tmp (tmp_mb, a tmpfs: memory) and each workspace's writable layer are size-capped:
+  writes past the cap get ENOSPC. The workspace's layer is an ext4 filesystem of
+  `Workspace.create(disk_mb=...)` MiB (default 1 GiB, `workspace_disk_mb`) in a sparse image
+  file on the workspace root's disk, loop-mounted by the launcher: disk, not memory. That needs
+  a root launcher on Linux with loop devices and mkfs.ext4; elsewhere `Workspace.create` fails
+  closed (EtudeError saying why) unless running uncapped was asked for (`disk_mb=None`, or
+  ETUDE_ALLOW_UNCAPPED_DISK=1 / `allow_uncapped=True`, which warn on stderr).
 - The "unsandboxed" backend isolates nothing; it exists for machines without bwrap and is never
   chosen automatically.
 """

@@ -34,9 +34,14 @@ class SandboxConfig:
     tmp_mb: int | None = 512
     """Size of the private tmpfs at /tmp (HOME); its pages also count against the memory cgroup."""
     workspace_disk_mb: int | None = 1024
-    """Disk quota of the episode's workspace (its writable layer is a tmpfs of this size; writes
-    past it get ENOSPC): what to pass as `Workspace.create(template, disk_mb=...)`, whose default
-    is the same 1 GiB. None: no cap. See etude/sandbox/workspace.py."""
+    """Disk cap of the episode's workspace: its writable layer is an ext4 filesystem of this many
+    MiB in a sparse image file on the workspace root's disk (loop-mounted; writes past it get
+    ENOSPC; the host's disk loses at most this much; no tmpfs memory). What to pass as
+    `Workspace.create(template, disk_mb=...)`, whose default is the same 1 GiB. Fails closed:
+    where the cap cannot be set up (not root, no loop device, no mkfs.ext4) creating the
+    workspace is an error. None: run uncapped, explicitly (no attempt, no warning); the
+    process-wide alternative is ETUDE_ALLOW_UNCAPPED_DISK=1 (cap where possible, else uncapped
+    with a warning). See etude/sandbox/workspace.py."""
     max_output_bytes: int = 1_000_000
     """Per stream (stdout, stderr): capture keeps the head and the tail, drops the middle."""
     ro_binds: tuple[str, ...] = ()

@@ -260,8 +260,9 @@ def test_a_workspace_that_writes_past_its_quota_gets_enospc_and_the_host_keeps_i
         assert res.returncode == 0 and err == "ENOSPC", res.stdout + res.stderr  # the agent sees ENOSPC ...
         assert 4 * 2**20 < int(written) <= 8 * 2**20  # ... at the cap, not before and not after
         st = os.statvfs(ws.path)
-        assert st.f_blocks * st.f_frsize == 8 * 2**20  # the writable layer is its own 8 MiB filesystem,
-        assert os.stat(ws.path / "fill0.bin").st_dev != os.stat(tmp_path).st_dev  # not the host's disk
+        assert 7 * 2**20 < st.f_blocks * st.f_frsize <= 8 * 2**20  # the writable layer is its own filesystem,
+        assert (ws.base / "disk.img").stat().st_size == 8 * 2**20  # an 8 MiB image file on the root's disk,
+        assert os.stat(ws.path / "fill0.bin").st_dev != os.stat(tmp_path).st_dev  # not the host's filesystem
         # the workspace still works at the cap: a removal frees space, and the diff holds the files
         (ws.path / "fill0.bin").unlink()
         (ws.path / "after.txt").write_text("room again\n")
@@ -278,7 +279,8 @@ def test_the_default_quota_is_1_gib_and_none_means_no_cap(tmp_path: Path) -> Non
     assert SandboxConfig().workspace_disk_mb == 1024
     with Workspace.create(tpl, root=tmp_path / "wsroot") as ws:
         st = os.statvfs(ws.path)
-        assert ws.disk_mb == 1024 and st.f_blocks * st.f_frsize == 1024 * 2**20
+        assert ws.disk_mb == 1024 and (ws.base / "disk.img").stat().st_size == 1024 * 2**20
+        assert 0.95 * 2**30 < st.f_blocks * st.f_frsize <= 2**30  # ext4's own metadata takes the rest
     with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot", disk_mb=None) as ws:
         assert ws.disk_mb is None and not (ws.base / "disk").is_mount()
         assert os.stat(ws.path).st_dev == os.stat(tmp_path).st_dev
@@ -300,23 +302,3 @@ def test_bad_disk_quota_is_an_etude_error(tmp_path: Path) -> None:
     for bad in (0, -1, 1.5, "1G", True):
         with pytest.raises(EtudeError, match="disk_mb"):
             Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot", disk_mb=bad)  # type: ignore[arg-type]
-
-
-def test_without_a_mount_the_workspace_has_no_quota_and_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import etude.sandbox.workspace as wsmod
-
-    def no_mount(*a: object) -> None:
-        raise OSError(1, "tmpfs mount failed: Operation not permitted")
-
-    monkeypatch.setattr(wsmod, "_mount_tmpfs", no_mount)
-    monkeypatch.setattr(wsmod, "_quota_warned", threading.Event())
-    tpl = make_template(tmp_path)
-    with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot") as ws:
-        assert ws.disk_mb is None and (ws.path / "pkg" / "m.py").exists()
-    with Workspace.create(tpl, kind="copy", root=tmp_path / "wsroot"):
-        pass
-    err = capsys.readouterr().err
-    assert err.count("WARNING: workspaces have NO disk quota here") == 1  # loud, once per process
-    assert "Operation not permitted" in err
