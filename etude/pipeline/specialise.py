@@ -48,7 +48,7 @@ from etude.provenance import provenance
 from etude.tasks import save_tasks
 from etude.tasks.fetch import parse_spec
 from etude.tasks.schema import load_tasks
-from etude.tasks.seal import sealed_packages
+from etude.tasks.seal import check_source, sealed_packages
 from etude.types import Task
 
 DRILL_SEED_OFFSET = 7  # drills mutate other sites of the same code (another curriculum seed)
@@ -77,8 +77,10 @@ class SpecialiseConfig:
     select_fraction: float = 0.15
     min_heldout: int = 30
     """fewer held-out tasks than this cannot carry the report: one line, exit 2."""
+    general: str = "builtin:curriculum:validation"
+    """the regression check's suite: general tasks of no org repository (never the test split)."""
     general_tasks: int = 100
-    """tasks of the built-in validation split for the regression check (never the test split)."""
+    """at most this many tasks of `general`."""
     agent_config: str = "configs/agent_sft.toml"
     """the agent's harness and SFT hyperparameters (model, tasks and LoRA set here)."""
     rl_config: str = "configs/fix_rl.toml"
@@ -213,6 +215,7 @@ class Specialise:
         self.cfg = dataclasses.replace(cfg, repos=parse_repos(cfg.repos))
         self.base = check_base(cfg.base, cfg.org)
         check_packages(self.cfg.repos)
+        check_source(cfg.general, "the general regression suite")  # never the sealed test split
         from etude.demo.run import resolve_backend
 
         self.backend = resolve_backend(cfg.backend)
@@ -350,11 +353,11 @@ class Specialise:
             f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks ({name})")
 
     def general_suite(self) -> Path:
-        from etude.tasks.curriculum import builtin_curriculum
+        from etude.evals.runner import resolve_suite
 
         f = self.out / "tasks" / "general.jsonl"
         if not f.is_file():
-            _save(builtin_curriculum("validation", 1, 0, self.cfg.general_tasks), f)
+            _save(resolve_suite(self.cfg.general, self.cfg.general_tasks), f)
         return f
 
     # -- 7. report
