@@ -10,7 +10,10 @@ Tasks are the unit of analysis (samples of one task are not independent of each 
   exact McNemar test (binomial on the discordant tasks); non-inferiority with a margin δ
   (H0: p_B − p_A ≤ −δ) is an exact unconditional test: the score statistic's tail probability
   maximised over the nuisance parameter (the loss probability) on a grid under H0's boundary.
-- Other paired values: Wilcoxon signed-rank.
+- Other paired values: Wilcoxon signed-rank; non-inferiority with a margin (B ≥ A − δ) is a
+  one-sided paired t with its power at the margin (`paired_noninferiority`).
+- Several comparisons on one held-out set (checkpoints against one base): Holm's step-down
+  adjusted p (`holm`).
 What this does not guarantee: the maximum over a finite grid can miss the exact supremum by a
 little (501 points; the p-value is reported, not hidden); beyond `EXACT_MAX_TASKS` tasks the
 non-inferiority p-value is the normal approximation of the same score statistic.
@@ -198,3 +201,67 @@ def noninferiority_p(losses: int, gains: int, n: int, margin: float) -> float:
         logp = log_coef + xlogy(lo, q) + xlogy(ga, pg) + xlogy(rest, pr)
         best = max(best, float(np.exp(logp).sum()))
     return float(min(1.0, best))
+
+
+# -- several comparisons on one held-out set, and non-inferiority of continuous paired values ---
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the order given: with m comparisons on one held-out set
+    (several checkpoints against one base), the i-th smallest p becomes max over j ≤ i of
+    min(1, (m − j + 1)·p_(j)). Rejecting where the adjusted p < α controls the family-wise error."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))
+        out[i] = running
+    return out
+
+
+def paired_noninferiority(a: Sequence[float], b: Sequence[float], margin: float, *, alpha: float = 0.05,
+                          power_target: float = 0.8) -> dict[str, Any]:
+    """Is B at least as good as A, less `margin`? Paired values (one per unit, e.g. a held-out
+    problem's mean reward under each arm), one-sided paired t-test of H0: mean(b − a) ≤ −margin.
+
+    Returns n, margin, alpha, the mean and sd of the differences, the one-sided (1 − alpha) lower
+    bound of the mean difference, p, `noninferior` (p < alpha, i.e. lower bound > −margin), and
+    the power this n had to show non-inferiority when B equals A (true difference 0), with the
+    observed sd as the planning value, plus the n that power_target needs at that sd. Fewer than
+    two units is never non-inferior; zero spread is decided by the mean alone (power then None)."""
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)  # raises on unequal lengths
+    n = int(d.size)
+    out: dict[str, Any] = {"test": "paired t, one-sided", "n": n, "margin": float(margin), "alpha": float(alpha),
+                           "mean_diff": float(d.mean()) if n else None, "sd_diff": None, "lower_bound": None,
+                           "p": None, "noninferior": False, "power_at_margin": None, "n_for_power": None,
+                           "power_target": float(power_target)}
+    if n < 2:
+        return out
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    out["sd_diff"] = sd
+    if sd == 0:
+        out.update(lower_bound=mean, p=0.0 if mean > -margin else 1.0, noninferior=mean > -margin)
+        return out
+    se = sd / math.sqrt(n)
+    tstat = (mean + margin) / se
+    out["lower_bound"] = mean - float(student_t.ppf(1 - alpha, n - 1)) * se
+    out["p"] = float(student_t.sf(tstat, n - 1))
+    out["noninferior"] = out["p"] < alpha
+
+    def power(k: int) -> float:
+        return float(nct.sf(student_t.ppf(1 - alpha, k - 1), k - 1, margin * math.sqrt(k) / sd))
+
+    out["power_at_margin"] = power(n) if margin > 0 else float(alpha)
+    if margin > 0:
+        hi = 2
+        while power(hi) < power_target and hi < 10**7:
+            hi *= 2
+        lo = max(2, hi // 2)
+        while lo < hi:  # smallest k with power(k) >= power_target (power rises with k)
+            mid = (lo + hi) // 2
+            lo, hi = (mid + 1, hi) if power(mid) < power_target else (lo, mid)
+        out["n_for_power"] = hi
+    return out

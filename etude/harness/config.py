@@ -62,7 +62,7 @@ class HarnessConfig:
     tool results, so nothing changed), tell the model so in a user message after the results.
     Repeats are counted in the trajectory's `meta.repeated_turns` either way. Off by default:
     on the LoRA-SFT SmolLM2 (greedy, 118 held-out tasks) it changed nothing resolved (5/118 with
-    and without, bench/results/harness_ablation.json); the model stopped repeating the last turn
+    and without, bench/results/legacy/harness_ablation.json); the model stopped repeating the last turn
     but went back to an earlier one instead."""
     tools_config: ToolsConfig = field(default_factory=ToolsConfig)
     """Limits of the tools (output sizes, run_terminal's default and largest timeout, the

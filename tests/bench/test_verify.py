@@ -1,0 +1,134 @@
+"""bench/verify.py: figures recomputed from the records beside them; an edited figure, records
+file or a file without provenance fails, naming the file and field; legacy/ is skipped, counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from etude.evals.results import ResultError, write_result
+from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.provenance import provenance
+from tests.bench import BENCH_DIR, load_bench
+
+verify = load_bench("verify")
+
+# three arms on one 20-task held-out set: base resolves 2, two checkpoints 8 and 5
+BASE = [1, 1] + [0] * 18
+CK1 = [1, 1, 1, 1, 1, 1, 1, 1] + [0] * 12
+CK2 = [1, 0, 1, 1, 1, 1] + [0] * 14
+RECORDS = [{"arm": arm, "task": f"t{i}", "resolved": v}
+           for arm, vals in (("base", BASE), ("ck1", CK1), ("ck2", CK2)) for i, v in enumerate(vals)]
+FIGURES = {
+    "base": {"kind": "rate", "of": {"arm": "base"}, "field": "resolved"},
+    "ck1": {"kind": "rate", "of": {"arm": "ck1"}, "field": "resolved"},
+    "ck1_vs_base": {"kind": "paired", "a": {"arm": "base"}, "b": {"arm": "ck1"}, "key": "task", "field": "resolved",
+                    "family": "checkpoints"},
+    "ck2_vs_base": {"kind": "paired", "a": {"arm": "base"}, "b": {"arm": "ck2"}, "key": "task", "field": "resolved",
+                    "family": "checkpoints"},
+}
+
+
+def _write(d: Path, stem: str = "probe") -> Path:
+    prov = provenance(seeds={"eval": 0}, started=0.0, argv=["bench/probe.py"])
+    write_result(d / f"{stem}.json", FIGURES, RECORDS, prov, meta={"tasks": 20})
+    return d / f"{stem}.json"
+
+
+def _edit(path: Path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+def _run(d: Path, capsys) -> tuple[int, str]:
+    rc = verify.main(["--results", str(d)])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def test_agreeing_files_pass_and_carry_the_recomputed_figures(tmp_path, capsys):
+    path = _write(tmp_path)
+    assert (tmp_path / "probe.records.jsonl").is_file()
+    figs = json.loads(path.read_text())["figures"]
+    assert (figs["ck1"]["k"], figs["ck1"]["n"], figs["ck1"]["rate"]) == (8, 20, 0.4)
+    assert (figs["ck1"]["ci_low"], figs["ck1"]["ci_high"]) == pytest.approx(wilson_ci(8, 20))
+    assert figs["ck1_vs_base"]["p"] == pytest.approx(mcnemar_exact(BASE, CK1))
+    assert figs["ck1_vs_base"]["gain"] == pytest.approx(0.3)
+    # two checkpoints on one held-out set: how many, and Holm's p (2 x the smaller p here)
+    assert figs["ck1_vs_base"]["comparisons"] == 2
+    assert figs["ck1_vs_base"]["p_holm"] == pytest.approx(min(1, 2 * figs["ck1_vs_base"]["p"]))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 0 and "1 of 1 result files verified" in out
+
+
+def test_a_value_rounded_in_the_last_place_still_passes(tmp_path, capsys):
+    path = _write(tmp_path)
+    _edit(path, lambda d: d["figures"]["base"].update(ci_high=round(d["figures"]["base"]["ci_high"], 4)))
+    assert _run(tmp_path, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(("figure", "field", "value"), [
+    ("ck1", "rate", 0.45), ("ck1_vs_base", "p", 0.001), ("ck2_vs_base", "p_holm", 0.02), ("ck1", "k", 9),
+    ("ck1", "ci_low", 0.2),
+])
+def test_an_edited_figure_fails_naming_file_field_stored_and_recomputed(tmp_path, capsys, figure, field, value):
+    path = _write(tmp_path)
+    _edit(path, lambda d: d["figures"][figure].update({field: value}))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1
+    line = next(ln for ln in out.splitlines() if ln.startswith("FAIL"))
+    assert str(path) in line and f"figure {figure}.{field}: stored {value!r}, recomputed" in line
+
+
+def test_a_hand_written_field_in_a_figure_fails(tmp_path, capsys):
+    path = _write(tmp_path)
+    _edit(path, lambda d: d["figures"]["ck1"].update(note="looks good"))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "note" in out and "not computed from the records" in out
+
+
+def test_edited_records_fail_on_their_digest(tmp_path, capsys):
+    _write(tmp_path)
+    rec = tmp_path / "probe.records.jsonl"
+    rec.write_text(rec.read_text().replace('"resolved": 0', '"resolved": 1', 1))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "records.sha256" in out and "figure base.k: stored 2, recomputed 3" in out
+
+
+def test_files_without_provenance_or_records_do_not_pass_silently(tmp_path, capsys):
+    (tmp_path / "old.json").write_text(json.dumps({"resolved": 3, "note": "by hand"}))
+    path = _write(tmp_path)
+    (tmp_path / "probe.records.jsonl").unlink()
+    _edit(path, lambda d: d.pop("provenance"))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "0 of 2 result files verified" in out
+    assert f"{tmp_path / 'old.json'}: no provenance" in out and "probe.records.jsonl" in out
+
+
+def test_legacy_is_skipped_explicitly_and_counted(tmp_path, capsys):
+    (tmp_path / "legacy" / "sub").mkdir(parents=True)
+    for p in ("legacy/a.json", "legacy/sub/b.json"):
+        (tmp_path / p).write_text("{}")
+    _write(tmp_path)
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 0 and "skipped 2 legacy files" in out
+
+
+def test_write_result_refuses_a_figure_the_records_do_not_give(tmp_path):
+    prov = provenance(argv=["x"])
+    with pytest.raises(ResultError, match="ck1.rate"):
+        write_result(tmp_path / "x.json", {"ck1": {**FIGURES["ck1"], "rate": 0.5}}, RECORDS, prov)
+    with pytest.raises(ResultError, match="provenance"):
+        write_result(tmp_path / "x.json", FIGURES, RECORDS, {})
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_real_bench_results_verify(capsys):
+    results = BENCH_DIR / "results"
+    rc, out = _run(results, capsys)
+    assert rc == 0, out
+    assert f"skipped {len(list((results / 'legacy').rglob('*.json')))} legacy files" in out
+    assert (results / "legacy" / "README.md").is_file()
