@@ -12,9 +12,20 @@ model, once) are scored by one evaluator — etude's LocalPolicy sampling `--eva
 at temperature 1 for each of the `--eval-problems` held-out problems, fixed seed — so the two
 figures differ only by what the training did. The training-reward curves are reported too, but
 the two trainers draw their prompts in different orders, so those are not paired. RL runs this
-short vary a lot from seed to seed, so both trainers run every seed of `--seeds`; the held-out
-rewards are compared across seeds (paired t-test, which carries the run-to-run variance) and
-pooled over answers (Welch, evaluation noise only).
+short vary a lot from seed to seed, so both trainers run every seed of `--seeds`.
+
+Is etude's reward as good as TRL's? A non-inferiority test, not "no significant difference" (which
+a handful of answers always gives): per held-out problem, each trainer's mean reward over seeds and
+samples; H0: mean(etude − TRL) ≤ −`--margin` (reward units), one-sided paired t at `--alpha`
+(`etude.evals.stats.paired_noninferiority`). The output states the margin, n (problems), the
+power this n had to show non-inferiority if the two were equal (observed sd of the differences
+as the planning value) and the n that 80% power needs. Few problems → low power → "not shown",
+never "equal". The test is conditional on these training runs (per-seed means are in `meta`).
+
+Written through `etude.evals.results.write_result`: `<out>.json` (figures, provenance, meta) and
+`<out>.records.jsonl` (every held-out answer, every step's speed, every run's peak RSS), which
+`bench/verify.py` recomputes the figures from. Throughput ratios are medians over all steps of all
+seeds (the first step of each run excluded as warm-up) of etude over TRL.
 
 Two settings (`--setting`):
 - `short` (bench/results/trainer_vs_trl.json): "What is a + b?" prompts, 12-token answers;
@@ -44,12 +55,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+from etude.evals.results import compute_figure, compute_figures, write_result
+from etude.provenance import provenance
 from etude.train.envs import SingleTurnEnv
 from etude.types import Message, Problem
 
 ROOT = Path(__file__).resolve().parents[1]
+EVAL_SEED = 12345
 
 
 def _arith(num_train: int):
@@ -131,16 +146,13 @@ def _env(a: argparse.Namespace):
     return _arith(a.num_train)
 
 
-def _p(x: float) -> float | None:
-    return None if x != x else float(x)  # NaN (all values equal) is not JSON
-
-
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[float]:
-    """Per-answer rewards of `model` on the held-out problems (the same evaluator for both)."""
+def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[dict]:
+    """Per-answer {"problem", "sample", "reward"} of `model` on the held-out problems (the same
+    evaluator for both)."""
     import torch
 
     from etude.policy.local import LocalPolicy
@@ -154,8 +166,13 @@ def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[fl
     pol = LocalPolicy(model, tokenizer, id="eval")
     model.eval()
     with torch.inference_mode():
-        eps = env.rollout(pol, probs, n=a.eval_samples, max_tokens=a.max_new_tokens, temperature=1.0, seed=12345)
-    return [e.reward for e in eps]
+        eps = env.rollout(pol, probs, n=a.eval_samples, max_tokens=a.max_new_tokens, temperature=1.0, seed=EVAL_SEED)
+    seen: Counter[str] = Counter()
+    out = []
+    for e in eps:
+        out.append({"problem": e.problem_id, "sample": seen[e.problem_id], "reward": float(e.reward)})
+        seen[e.problem_id] += 1
+    return out
 
 
 def run_etude(a: argparse.Namespace) -> dict:
@@ -246,6 +263,54 @@ def run_trl(a: argparse.Namespace) -> dict:
             "peak_rss_mb": peak}
 
 
+def held_out_figure(margin: float, alpha: float) -> dict:
+    """The reward check as a figure spec: etude (b) non-inferior to TRL (a) by `margin`, per problem."""
+    return {"kind": "noninferiority", "a": {"kind": "held_out", "trainer": "trl"},
+            "b": {"kind": "held_out", "trainer": "etude"}, "key": "problem", "field": "reward",
+            "margin": margin, "alpha": alpha}
+
+
+def reward_decision(records: list[dict], margin: float, alpha: float = 0.05) -> dict:
+    """Is etude's held-out reward no worse than TRL's by more than `margin`? From the held-out
+    answer records ({"kind": "held_out", "trainer", "problem", "reward"}): n, margin, p, the lower
+    bound, power at the margin, and `noninferior` (False when not shown, e.g. too few problems)."""
+    return compute_figure(held_out_figure(margin, alpha), records, "etude_noninferior_to_trl")
+
+
+def result_records(runs: list[dict]) -> list[dict]:
+    """The records the figures summarise: every held-out answer (base: the first seed's etude
+    worker scores the untrained model), every step's speed, every run's peak RSS."""
+    recs: list[dict] = []
+    for run in runs:
+        seed = run["seed"]
+        for name in ("etude", "trl"):
+            raw = run[name]["raw"]
+            recs += [{"kind": "held_out", "trainer": name, "seed": seed, **r} for r in raw["held_out"]]
+            recs += [{"kind": "held_out", "trainer": "base", "seed": seed, **r} for r in raw.get("held_out_base") or []]
+            steps = list(zip(raw["step_s"], raw["completion_tokens"], strict=False))
+            recs += [{"kind": "step", "trainer": name, "seed": seed, "step": i, "step_s": s, "completion_tokens": t,
+                      "samples_per_s": raw["samples_per_step"] / s, "tokens_per_s": t / s,
+                      "warmup": i == 0 and len(steps) > 1} for i, (s, t) in enumerate(steps)]
+            recs.append({"kind": "run", "trainer": name, "seed": seed, "peak_rss_mb": raw["peak_rss_mb"]})
+    return recs
+
+
+def result_figures(margin: float, alpha: float, *, base: bool) -> dict:
+    """The headline figures (specs; `write_result` computes them from `result_records`)."""
+    def steps(trainer: str) -> dict:
+        return {"kind": "step", "trainer": trainer, "warmup": False}
+
+    figs: dict = {f"held_out_{t}": {"kind": "mean", "of": {"kind": "held_out", "trainer": t}, "field": "reward"}
+                  for t in ("etude", "trl") + (("base",) if base else ())}
+    figs["etude_noninferior_to_trl"] = held_out_figure(margin, alpha)
+    for field in ("samples_per_s", "tokens_per_s"):
+        figs[f"throughput_ratio_{field}"] = {"kind": "ratio", "num": steps("etude"), "den": steps("trl"),
+                                             "field": field, "stat": "median"}
+    figs["peak_rss_ratio"] = {"kind": "ratio", "num": {"kind": "run", "trainer": "etude"},
+                              "den": {"kind": "run", "trainer": "trl"}, "field": "peak_rss_mb", "stat": "median"}
+    return figs
+
+
 def summarise(raw: dict, last_k: int) -> dict:
     steps = list(zip(raw["step_s"], raw["completion_tokens"], strict=False))[1:] or list(
         zip(raw["step_s"], raw["completion_tokens"], strict=False))
@@ -256,7 +321,7 @@ def summarise(raw: dict, last_k: int) -> dict:
             "completion_tokens_per_s": statistics.median(tps), "reward_first": rew[0] if rew else None,
             f"reward_last{last_k}_mean": statistics.mean(rew[-last_k:]) if rew else None,
             "train_reward_mean": statistics.mean(rew) if rew else None,
-            "held_out_reward": statistics.mean(raw["held_out"]), "held_out_n": len(raw["held_out"]),
+            "held_out_reward": statistics.mean(r["reward"] for r in raw["held_out"]), "held_out_n": len(raw["held_out"]),
             "peak_rss_mb": raw["peak_rss_mb"], "steps": len(raw["step_s"]), "raw": raw}
 
 
@@ -293,12 +358,18 @@ def main() -> None:
     ap.add_argument("--eval-base", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["etude", "trl"])
     ap.add_argument("--json")
+    ap.add_argument("--margin", type=float, default=0.05,
+                    help="non-inferiority margin in reward units: etude passes when its held-out mean reward is "
+                         "shown to be above TRL's minus this (one-sided paired t over problems)")
+    ap.add_argument("--alpha", type=float, default=0.05, help="one-sided level of the non-inferiority test")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     if a.worker:
         return child(a)
     name = "trainer_vs_trl" + ("_realistic" if a.setting == "realistic" else "")
     a.out = a.out or ROOT / "bench" / "results" / f"{name}.json"
+    started = time.time()
+    stages: dict = {}
     prompt_stats = None
     if a.setting == "realistic":
         work = Path(tempfile.mkdtemp(prefix="etude-vs-trl-prompts-"))
@@ -314,11 +385,12 @@ def main() -> None:
                  "transformers": transformers.__version__, "trl_version": trl.__version__,
                  "settings": {k: getattr(a, k) for k in ("model", "steps", "prompts", "group", "max_new_tokens", "lr",
                                                          "eval_problems", "eval_samples", "trl_micro_batch",
-                                                         "trl_gradient_checkpointing")} | {"seeds": seeds},
+                                                         "trl_gradient_checkpointing", "margin", "alpha")}
+                 | {"seeds": seeds},
                  "setting": a.setting, "prompt_stats": prompt_stats,
                  "env": {k: os.environ.get(k) for k in ("MALLOC_ARENA_MAX", "OMP_NUM_THREADS")},
-                 "note": f"CPU only, 2 cores; per seed: medians over steps 2..N; same {a.setting} prompts and reward; "
-                         "held-out reward of the final weights by one evaluator for both", "runs": []}
+                 "note": f"CPU only, 2 cores; same {a.setting} prompts and reward; held-out reward of the final weights "
+                         "by one evaluator for both", "runs": []}
     for seed in seeds:
         run: dict = {"seed": seed}
         for name in ("etude", "trl"):
@@ -333,52 +405,40 @@ def main() -> None:
                 argv.append("--eval-base")
             t0 = time.time()
             rc = subprocess.run(argv, check=False).returncode
-            if rc != 0:  # e.g. SIGKILL from the OOM killer: keep what the other trainer measured
+            stages[f"seed{seed}.{name}"] = {"seconds": time.time() - t0, "resumed": False}
+            if rc != 0:  # e.g. SIGKILL from the OOM killer: keep what the other trainer measured, outside results/
                 why = " (SIGKILL: on this machine, the OOM killer)" if rc == -9 else ""
                 run[name] = {"failed": f"worker exited {rc}{why}", "wall_s": time.time() - t0}
                 res["runs"].append(run)
                 res["incomplete"] = True
-                a.out.parent.mkdir(parents=True, exist_ok=True)
-                a.out.write_text(json.dumps(res, indent=1))
-                raise SystemExit(f"the {name} worker failed (exit {rc}{why}); partial results in {a.out}")
+                partial = Path(tempfile.mkdtemp(prefix="trainer-vs-trl-failed-")) / a.out.name
+                partial.write_text(json.dumps(res, indent=1))
+                raise SystemExit(f"the {name} worker failed (exit {rc}{why}); partial results in {partial}")
             run[name] = summarise(json.loads(Path(path).read_text()), last_k=min(3, a.steps))
             run[name]["wall_s"] = time.time() - t0
         e, t = run["etude"], run["trl"]
-        run["throughput_ratio_samples_per_s"] = e["samples_per_s"] / t["samples_per_s"]
-        run["throughput_ratio_tokens_per_s"] = e["completion_tokens_per_s"] / max(t["completion_tokens_per_s"], 1e-9)
-        run["peak_rss_ratio"] = e["peak_rss_mb"] / t["peak_rss_mb"]
         res["runs"].append(run)
-        print(f"seed {seed}: ratio {run['throughput_ratio_samples_per_s']:.2f}x, held-out etude "
+        print(f"seed {seed}: samples/s etude {e['samples_per_s']:.3g} trl {t['samples_per_s']:.3g}, held-out etude "
               f"{e['held_out_reward']:.3f} trl {t['held_out_reward']:.3f}", flush=True)
-    from scipy import stats
 
     runs = res["runs"]
-    for k in ("throughput_ratio_samples_per_s", "throughput_ratio_tokens_per_s", "peak_rss_ratio"):
-        res[k] = statistics.median(r[k] for r in runs)
-    ours = [r["etude"]["held_out_reward"] for r in runs]
-    theirs = [r["trl"]["held_out_reward"] for r in runs]
-    pooled_o = [x for r in runs for x in r["etude"]["raw"]["held_out"]]
-    pooled_t = [x for r in runs for x in r["trl"]["raw"]["held_out"]]
-    base = runs[0]["etude"]["raw"].get("held_out_base") or []
-    h = res["held_out"] = {
-        "problems": a.eval_problems, "samples_each": a.eval_samples, "temperature": 1.0,
-        "base": statistics.mean(base) if base else None, "etude_per_seed": ours, "trl_per_seed": theirs,
-        "etude": statistics.mean(ours), "trl": statistics.mean(theirs),
-        "etude_minus_trl": statistics.mean(ours) - statistics.mean(theirs),
-        # across seeds (includes run-to-run variance; few seeds, little power) and pooled over
-        # answers (evaluation noise only: it ignores that training runs vary)
-        "paired_t_p": _p(stats.ttest_rel(ours, theirs).pvalue) if len(runs) > 1 else None,
-        "pooled_welch_p": _p(stats.ttest_ind(pooled_o, pooled_t, equal_var=False).pvalue),
-    }
-    p_runs = h["paired_t_p"] if h["paired_t_p"] is not None else h["pooled_welch_p"]
-    p_runs = 1.0 if p_runs is None else p_runs  # identical samples: no difference to test
-    # "equal or better": ours is higher, or lower by an amount these runs cannot tell from 0
-    h["equal_or_better"] = h["etude"] >= h["trl"] or p_runs > 0.05
-    res["target_1_5x_met"] = res["throughput_ratio_samples_per_s"] >= 1.5
-    res["target_met"] = res["target_1_5x_met"] and h["equal_or_better"]
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=1))
-    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+    records = result_records(runs)
+    figs = result_figures(a.margin, a.alpha, base=any(r["trainer"] == "base" for r in records))
+    computed = compute_figures(figs, records)
+    ni = computed["etude_noninferior_to_trl"]
+    res["runs"] = [{"seed": r["seed"], **{k: {x: y for x, y in r[k].items() if x != "raw"} for k in ("etude", "trl")}}
+                   for r in runs]  # the raw values are the records
+    res["held_out"] = {"problems": a.eval_problems, "samples_each": a.eval_samples, "temperature": 1.0,
+                       "etude_per_seed": [r["etude"]["held_out_reward"] for r in runs],
+                       "trl_per_seed": [r["trl"]["held_out_reward"] for r in runs]}
+    res["target_1_5x_met"] = computed["throughput_ratio_samples_per_s"]["value"] >= 1.5
+    res["target_met"] = res["target_1_5x_met"] and ni["noninferior"]
+    doc = write_result(a.out, figs, records, provenance(seeds={"train": seeds, "eval_sampling": EVAL_SEED},
+                                                        started=started, stages=stages), meta=res)
+    print(json.dumps({"figures": doc["figures"], "target_met": res["target_met"]}, indent=1))
+    print(f"reward check (non-inferiority, margin {a.margin}, n = {ni['n']} problems): "
+          f"{'shown' if ni['noninferior'] else 'NOT shown'}; p = {ni['p']}, power at the margin "
+          f"{ni['power_at_margin']}, n for {ni['power_target']:.0%} power {ni['n_for_power']} -> {a.out}")
 
 
 if __name__ == "__main__":
