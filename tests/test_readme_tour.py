@@ -26,12 +26,13 @@ def _etude(*args: str, stdin: str | None = None, cwd: Path = ROOT) -> subprocess
 def test_the_tour_lists_the_commands_tested_here() -> None:
     text = TOUR.read_text()
     for cmd in ("etude sandbox exec --workspace /tmp/ws --timeout 5", "etude tool grep --workspace .",
-                "| etude parse", "etude agent --example"):
+                "| etude parse", "etude agent --example", "etude ab analyze --events docs/examples/events.csv"):
         assert cmd in text, f"the README tour no longer shows {cmd!r}: update this test with it"
 
 
 def test_sandbox_exec(tmp_path: Path) -> None:
-    res = _etude("sandbox", "exec", "--workspace", str(tmp_path), "--timeout", "5", "--", "python", "-c",
+    # like /tmp/ws on a fresh machine: the workspace does not exist yet (created, mkdir -p)
+    res = _etude("sandbox", "exec", "--workspace", str(tmp_path / "ws"), "--timeout", "5", "--", "python", "-c",
                  "print('hello from the sandbox')")
     assert res.returncode == 0 and "hello from the sandbox" in res.stdout, res.stderr
 
@@ -51,3 +52,9 @@ def test_agent_example(tmp_path: Path) -> None:
     res = _etude("agent", "--example", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert re.search(r"patch: \d+ file", res.stdout + res.stderr)
+
+
+def test_ab_analyze_on_the_checked_in_example(tmp_path: Path) -> None:
+    res = _etude("ab", "analyze", "--events", "docs/examples/events.csv", "--out", str(tmp_path / "readout.json"))
+    assert res.returncode == 0 and "accepted: control" in res.stdout, res.stderr
+    assert (tmp_path / "readout.json").is_file()

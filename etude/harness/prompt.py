@@ -1,6 +1,6 @@
 """The agent's prompt: system text, tool schemas rendered for models without native tools, and the
 first messages of an episode. The server reuses these so production and training see the same
-prompt (DESIGN.md: no gap between the two).
+prompt (README.md, docs/harness.md: no gap between the two).
 
 Guarantees: rendering is deterministic (schemas are dumped with sorted keys) so the same tools
 give byte-identical prompts. It does not check that schemas are valid JSON schema.

@@ -24,7 +24,9 @@ def _group() -> None:
 @sandbox_app.command("exec", context_settings={"allow_interspersed_args": False}, no_args_is_help=True)
 def exec_cmd(
     cmd: Annotated[list[str], typer.Argument(help="The command and its arguments (after --).")],
-    workspace: Annotated[Path, typer.Option("--workspace", "-w", help="Directory mounted read-write at /workspace.")],
+    workspace: Annotated[Path, typer.Option(
+        "--workspace", "-w",
+        help="Directory mounted read-write at /workspace; created (with its parents, like mkdir -p) if missing.")],
     timeout: Annotated[
         float, typer.Option(help="Wall-clock seconds; on expiry every process is killed, exit 124.")
     ] = 60.0,
@@ -47,6 +49,7 @@ def exec_cmd(
         binds.append(str(venv.absolute()))
         prepend.insert(0, str(venv.absolute() / "bin"))
     _validate(timeout, memory_mb)
+    _ensure_workspace(workspace)
     cfg = SandboxConfig(
         backend="unsandboxed" if unsandboxed else "bwrap",
         timeout_s=timeout,
@@ -65,6 +68,16 @@ def _validate(timeout: float, memory_mb: int) -> None:
         raise EtudeError(f"--timeout must be positive, got {timeout}")
     if memory_mb < 0:
         raise EtudeError(f"--memory-mb must be >= 0, got {memory_mb}")
+
+
+def _ensure_workspace(workspace: Path) -> None:
+    """mkdir -p semantics: a missing workspace is created; an existing file there is an error."""
+    if workspace.exists() and not workspace.is_dir():
+        raise EtudeError(f"sandbox: workspace is not a directory: {workspace}")
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise EtudeError(f"sandbox: cannot create workspace {workspace}: {e.strerror or e}") from None
 
 
 def register(app: typer.Typer) -> None:

@@ -29,7 +29,8 @@ def test_full_etude_cli_exec(ws: Path) -> None:
         [*full, str(ws), "--", "sh", "-c", "echo hi; exit 5"], capture_output=True, text=True, check=False
     )
     assert (p.returncode, p.stdout) == (5, "hi\n"), p.stderr
-    p = subprocess.run([*full, "/no/such/dir", "--", "true"], capture_output=True, text=True, check=False)
+    (ws / "a-file").write_text("")  # a missing workspace is created (mkdir -p); a file there is an error
+    p = subprocess.run([*full, str(ws / "a-file"), "--", "true"], capture_output=True, text=True, check=False)
     assert p.returncode == 2 and p.stderr.startswith("etude: error: ") and "Traceback" not in p.stderr
 
 
