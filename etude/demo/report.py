@@ -28,25 +28,34 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 {% for s in stages %}<tr><td class="l">{{ s.name }}</td><td class="l">{{ s.result }}</td><td>{{ "%.1f"|format(s.seconds) }}</td></tr>{% endfor %}
 </table>
 
-<h2>1. Does the agent learn? Held-out tasks, base → SFT → RL</h2>
+<h2>1. Does the agent learn? Held-out packages, base → general warm start</h2>
 {{ heldout_table }}
 {% if plots.heldout %}<img src="{{ plots.heldout }}" alt="held-out resolved rates">{% endif %}
 <p class="note">{{ learning_note }}</p>
 {% if plots.sft %}<img src="{{ plots.sft }}" alt="SFT loss">{% endif %}
 {% if plots.learning %}<img src="{{ plots.learning }}" alt="RL curve">{% endif %}
 
-<h2>2. Eval gate: trained checkpoint vs base</h2>
+<h2>2. Specialised to one organisation: its held-out functions, before and after</h2>
+{% if spec %}<p class="note">{{ spec_note }}</p>
+{% if plots.spec %}<img src="{{ plots.spec }}" alt="specialised: held-out and general rates">{% endif %}
+<h3>held-out functions of {{ spec_org }}'s repositories</h3>{{ spec_held }}
+<h3>general validation split (regression check)</h3>{{ spec_gen }}
+{% if spec_side %}<h3>one held-out task, before and after</h3><p>task <code>{{ spec_side.task }}</code> — resolved: {{ spec_side.resolved }}</p>
+<div style="display:flex;gap:1em">{% for name, body in spec_side.columns %}<div style="flex:1;min-width:0"><h4>{{ name }}</h4><pre>{{ body }}</pre></div>{% endfor %}</div>{% endif %}
+{% else %}<p>not run</p>{% endif %}
+
+<h2>3. Eval gate: trained checkpoint vs base</h2>
 {{ eval_table }}
 <p class="note">{{ eval_note }}</p>
 
-<h2>3. Real-time cycle</h2>
+<h2>4. Real-time cycle</h2>
 {% if plots.cycle %}<img src="{{ plots.cycle }}" alt="cycle timings">{% endif %}
 {{ cycle_table }}
 <h3>A/B readout (canary)</h3>
 {{ ab_table }}
 <p><b>Decision:</b> {{ decision }}</p>
 
-<h2>4. The same held-out task, base and trained</h2>
+<h2>5. The same held-out task, base and warm start</h2>
 {% if side %}<p>task <code>{{ side.task }}</code> — resolved: {{ side.resolved }}</p>
 <div style="display:flex;gap:1em">{% for name, body in side.columns %}<div style="flex:1;min-width:0"><h3>{{ name }}</h3><pre>{{ body }}</pre></div>{% endfor %}</div>
 {% else %}<p>not run</p>{% endif %}
@@ -215,11 +224,22 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
     cp = cycle_plot(data.get("cycle", {}), plots / "cycle.png")
     hp = heldout_plot(data.get("heldout"), plots / "heldout.png")
     sp = sft_plot(data.get("sft_metrics", []), plots / "sft.png")
+    spec = data.get("specialise")
+    spec_plot = None
+    if spec:
+        from etude.pipeline.report import comparison_table, rates_plot
+
+        spec_plot = rates_plot(spec, plots / "specialise.png")
     page = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
+        spec=spec, spec_org=(spec or {}).get("org"), spec_note=data.get("specialise_note", ""),
+        spec_held=_markup(comparison_table(spec["heldout"], ("base", "adapter"))) if spec else "",
+        spec_gen=_markup(comparison_table(spec["general"], ("base", "adapter"))) if spec else "",
+        spec_side=data.get("specialise_side"),
         intro=data.get("intro", ""),
         stages=[{"name": n, "result": r, "seconds": s} for n, r, s in data.get("stages", [])],
         plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png",
-               "heldout": hp and "plots/heldout.png", "sft": sp and "plots/sft.png"},
+               "heldout": hp and "plots/heldout.png", "sft": sp and "plots/sft.png",
+               "spec": spec_plot and "plots/specialise.png"},
         heldout_table=_markup(heldout_table(data.get("heldout"))),
         side=data.get("side_by_side"),
         learning_note=data.get("learning_note", ""),

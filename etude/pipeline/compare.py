@@ -46,3 +46,38 @@ def paired_table(base_run: Path, new_run: Path, names: tuple[str, str] = ("base"
                 "gained": gains, "lost": losses, "harm_p": harm_p(losses, gains),
                 "per_task": {i: {names[0]: a[i], names[1]: b[i]} for i in ids}})
     return out
+
+
+def eval_records(runs: dict[str, Path]) -> list[dict[str, Any]]:
+    """Per-episode records of evaluations (arm name -> run folder), in the flat form that
+    etude.evals.results.write_result takes: arm, task, resolved, tool_use (a well-formed call),
+    tokens. Runs that do not exist are left out."""
+    from etude.evals.records import read_records
+
+    out: list[dict[str, Any]] = []
+    for arm_name, run in runs.items():
+        f = Path(run) / "results.jsonl"
+        if not f.is_file():
+            continue
+        for r in read_records(f).values():
+            ok = r.get("status") == "ok"
+            eff = r.get("efficiency") or {}
+            out.append({"arm": arm_name, "task": r["instance_id"], "sample": r.get("sample", 0),
+                        "resolved": int(bool(r.get("resolved")) and ok),
+                        "tool_use": int(ok and int(eff.get("calls_well_formed", 0) or 0) > 0),
+                        "tokens": eff.get("tokens")})
+    return out
+
+
+def paired_figures(prefix: str, a: str, b: str, family: str | None = None) -> dict[str, dict[str, Any]]:
+    """Result-file figure specs (etude.evals.results) for arms `a` and `b` on the same tasks:
+    each arm's resolved rate and the paired comparison (exact McNemar)."""
+    figs: dict[str, dict[str, Any]] = {
+        f"{prefix}.{a}.resolved": {"kind": "rate", "of": {"arm": a}, "field": "resolved"},
+        f"{prefix}.{b}.resolved": {"kind": "rate", "of": {"arm": b}, "field": "resolved"},
+        f"{prefix}.{b}_vs_{a}": {"kind": "paired", "a": {"arm": a}, "b": {"arm": b}, "key": "task",
+                                 "field": "resolved"},
+    }
+    if family:
+        figs[f"{prefix}.{b}_vs_{a}"]["family"] = family
+    return figs

@@ -69,6 +69,9 @@ class SpecialiseConfig:
     """training budget (SFT + RL), wall minutes; task building and evaluation come on top."""
     seed: int = 0
     register: bool = False
+    db: str | None = None
+    """store URL the adapter is registered in with `register` (default: $ETUDE_DB, else
+    ~/.etude/etude.db)."""
     tasks_per_repo: int = 120
     """level-1 tasks built per repository (fewer when its tests catch fewer mutants)."""
     drills_per_repo: int = 60
@@ -168,6 +171,24 @@ def check_base(base: str | None, org: str) -> str:
 
 
 # ---------------------------------------------------------------- tasks
+
+
+def example_org_repo(dest: Path) -> Path:
+    """The example organisation's repository (etude/data/org_example) as a git repository at
+    `dest` (made once; one commit with a fixed author and date, so its tasks cache across runs)."""
+    import os
+
+    dest = Path(dest)
+    if (dest / ".git").is_dir():
+        return dest.resolve()
+    src = Path(__file__).resolve().parents[1] / "data" / "org_example"
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
+           "GIT_AUTHOR_NAME": "etude", "GIT_AUTHOR_EMAIL": "etude@example.org", "GIT_COMMITTER_NAME": "etude",
+           "GIT_COMMITTER_EMAIL": "etude@example.org"}
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "the example organisation's library"]):
+        subprocess.run(["git", *cmd], cwd=dest, check=True, env=env, capture_output=True)
+    return dest.resolve()
 
 
 def check_packages(repos: Sequence[str]) -> None:
@@ -281,7 +302,7 @@ class Specialise:
         n_drills = len(load_tasks(drills)) if drills.is_file() else 0
         cfg = load_sft_config(c.agent_config, {
             "model": self.base, "tasks": str(self.out / "tasks" / "train.jsonl"), "epochs": c.sft_epochs,
-            "lr": c.sft_lr, "seed": c.seed, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
+            "lr": c.sft_lr, "seed": c.seed, "checkpoint_every": 5, "keep_checkpoints": 10_000, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
             "sources.drill": 1.0 if n_drills else 0.0,
             **({"sources.drill_tasks": str(drills)} if n_drills else {})})
         res = run_sft(cfg, self.out / "sft")
@@ -395,7 +416,7 @@ class Specialise:
         from etude.serve import registry
         from etude.store import open_store
 
-        store = open_store()
+        store = open_store(self.cfg.db)
         rep = json.loads((self.out / "report.json").read_text())
         digest = _dir_digest(self.out / "adapter")
         name = f"{self.cfg.org}-spec-{digest[:10]}"

@@ -112,6 +112,8 @@ class SFTConfig:
     seed: int = 0
     checkpoint_every: int = 20
     """Save weights + optimizer + cursor every this many steps (and at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk (the oldest go first); a budget curve keeps them all."""
     expert_workers: int = 2
     """Episodes run at once while gathering expert trajectories."""
     threads: int | None = None
@@ -530,7 +532,7 @@ class _Trainer:
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
         self.updates = step
-        return save_checkpoint(self.out, self, {**state, "step": step}, keep=2)
+        return save_checkpoint(self.out, self, {**state, "step": step}, keep=self.cfg.keep_checkpoints)
 
     def restore(self) -> dict[str, Any] | None:
         latest = ckpt_root(self.out) / "latest"

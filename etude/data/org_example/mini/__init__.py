@@ -1,0 +1,1 @@
+"""A small library of an example organisation (`etude demo --quick`, the specialise tests)."""

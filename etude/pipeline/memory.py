@@ -1,0 +1,63 @@
+"""Peak resident memory of a run, all its processes together (this process and every
+descendant: sandboxes, Ray workers, vLLM's engine), sampled in a background thread.
+
+`with PeakMemory() as pm: ...; pm.peak_gib` — the largest sum of RSS seen. What this does not
+catch: a spike shorter than the sampling interval (0.5 s), or memory of processes that were
+started outside this process tree (a Ray cluster joined by address)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+
+class PeakMemory:
+    def __init__(self, interval_s: float = 0.5):
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> int:
+        import psutil
+
+        try:
+            me = psutil.Process(os.getpid())
+            procs = [me, *me.children(recursive=True)]
+        except psutil.Error:
+            return 0
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                continue
+        self.peak_bytes = max(self.peak_bytes, total)
+        self.samples += 1
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> PeakMemory:
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, name="peak-memory", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sample()
+
+    @property
+    def peak_gib(self) -> float:
+        return round(self.peak_bytes / 2**30, 2)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"peak_rss_gib": self.peak_gib, "samples": self.samples, "interval_s": self.interval_s,
+                "scope": "this process and all its descendants, summed RSS"}
