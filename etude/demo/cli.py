@@ -14,6 +14,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("runs/demo"), "--out", help="output folder (report.html is written there)"),
         model: str = typer.Option(None, "--model", help="base model: smollm2 (default), tiny, or a model directory"),
         backend: str = typer.Option(None, "--backend", help="engine of the evaluations and RL rollouts: auto (vllm when installed, the default), hf or vllm"),
+        record: bool = typer.Option(False, "--record", help="also write bench/results/demo.json (+ its per-task records), the figures docs/demo.md quotes"),
     ) -> None:
         """The whole system on this machine: eval, sandbox RL, serving, scripted traffic, one real-time cycle, report."""
         from dataclasses import replace
@@ -28,4 +29,6 @@ def register(app: typer.Typer) -> None:
             cfg = replace(cfg, model=model)
         if backend:
             cfg = replace(cfg, backend=backend)
+        if record:
+            cfg = replace(cfg, record=True)
         run_demo(cfg)

@@ -93,7 +93,7 @@ class DemoConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, org_repos="example", spec_minutes=0.5,
+QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, org_repos="example", spec_minutes=1.5,
                    spec_tasks_per_repo=16, spec_drills_per_repo=6, spec_min_heldout=2, spec_general_tasks=2,
                    loop_config="configs/loop_tiny.toml", backend="hf", workers=2)
 
@@ -214,8 +214,24 @@ class Demo:
                                                   + (f" ({'; '.join(use_p)})" if use_p else ""))
 
     def cycle(self, production: str) -> tuple[Any, str]:
+        """One real-time cycle. With a specialised adapter registered for the org, the cycle is
+        the org's (`etude loop --org`): it canaries that adapter to the org's users, gated on the
+        org's held-out functions, against the shared production (the warm start)."""
+        from etude.loop.cycle import specialised_candidate
+        from etude.serve.config import ServeConfig
+        from etude.serve.run import ensure_model
+        from etude.store import open_store
+
         lc = LoopConfig.from_toml(self.cfg.loop_config)
         lc = replace(lc, model=production, root=str(self.out / "loop"), db=None)
+        store = open_store(lc.db_url())
+        if specialised_candidate(store, self.cfg.org) is not None:
+            ensure_model(store, ServeConfig(model=production))  # the shared production the adapter sits on
+            keys = [k for k in store.list_keys(self.cfg.org)
+                    if k["revoked_at"] is None and not str(k["name"]).startswith("loop-")]
+            if not keys:
+                store.create_key(self.cfg.org, name="demo")  # the org's users' key
+            lc = lc.for_org(self.cfg.org)
         rep = run_cycle(lc, cycle_dir=self.out / "loop" / "cycle-0001").to_dict()
         return rep, f"decision: {rep.get('decision')} ({rep.get('reason')})"
 

@@ -265,6 +265,12 @@ class _Cycle:
             self._skip_rest("distill", f"{len(res)} samples < train.min_samples {self.cfg.train.min_samples}", "skip")
 
     def stage_train(self) -> None:
+        cp = specialised_candidate(self.store, self.cfg.org) if self.cfg.specialise else None
+        if cp is not None:  # `etude specialise --register` trained it: canary that adapter, train nothing
+            self.state.data["base"] = {"name": cp.meta.get("base"), "path": cp.meta["base"]}
+            self.state.finish("train", checkpoint=cp.path, specialised=cp.name, base=cp.meta["base"], steps=0,
+                              samples=0, adapter=True, history=[])
+            return
         summ = train_candidate(self.dir / "episodes.jsonl", self._base(), self.dir / "train", self.cfg.train,
                                temperature=self.cfg.traffic.temperature, seed=self.cfg.seed + self.index,
                                lora=self.cfg.specialise)
@@ -302,8 +308,9 @@ class _Cycle:
         prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(self.cfg, suite)}"
         cand_dir = self.dir / "eval-candidate"
         a = run_eval(suite, self._model_dir(self.prod["path"], self.prod["name"]), prod_dir, ecfg)
-        cand = self.state.stage("train")["outputs"]["checkpoint"]
-        b = run_eval(suite, self._model_dir(cand, f"{self.cfg.name}-c{self.index:04d}"), cand_dir, ecfg)
+        trained = self.state.stage("train")["outputs"]
+        cand_name = trained.get("specialised") or f"{self.cfg.name}-c{self.index:04d}"
+        b = run_eval(suite, self._model_dir(trained["checkpoint"], cand_name), cand_dir, ecfg)
         cc = CompareConfig(rule=self.cfg.eval.rule, min_tasks=self.cfg.eval.min_tasks,
                            **({"margins": dict(self.cfg.eval.margins)} if self.cfg.eval.margins is not None else {}))
         verdict = compare(prod_dir, cand_dir, cc)
@@ -328,8 +335,9 @@ class _Cycle:
                                                 temperature=self.cfg.traffic.temperature))
 
     def stage_register(self) -> None:
-        name = f"{self.cfg.name}-c{self.index:04d}"
-        path = self.state.stage("train")["outputs"]["checkpoint"]
+        trained = self.state.stage("train")["outputs"]
+        name = trained.get("specialised") or f"{self.cfg.name}-c{self.index:04d}"
+        path = trained["checkpoint"]
         try:
             cp = registry.get_checkpoint(self.store, name)  # registered before a crash: keep it
         except NotFound:
@@ -446,9 +454,30 @@ def _builtin_traffic(ctx: TrafficContext) -> Any:
     return None
 
 
+def specialised_candidate(store: Any, org: str) -> Any:
+    """The org's newest candidate registered by `etude specialise --register` that no cycle has
+    decided on yet (state "candidate", meta kind "specialised"), or None."""
+    cands = [c for c in registry.list_checkpoints(store, org, include_retired=False)
+             if c.org_id == org and c.state == "candidate" and c.meta.get("kind") == "specialised"]
+    return max(cands, key=lambda c: c.created_at) if cands else None
+
+
 def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:
-    """(its users' requests, its held-out suite) for `cfg.org`: tasks of its repositories
-    (`[orgs.ORG] repos`, else all) from the traffic spec, split in order and disjoint."""
+    """(its users' requests, its held-out suite) for `cfg.org`. With a specialised candidate
+    (`specialised_candidate`): its run's held-out functions (tasks/heldout.jsonl beside its
+    report; functions the adapter never trained on), alternate tasks to the gate and to the users,
+    so the two are disjoint. Else tasks of its repositories (`[orgs.ORG] repos`, else all) from
+    the traffic spec, split in order and disjoint."""
+    cp = specialised_candidate(open_store(cfg.db_url()), cfg.org) if cfg.specialise else None
+    if cp is not None:
+        from etude.tasks import load_tasks
+
+        held = load_tasks(Path(cp.meta["report"]).parent / "tasks" / "heldout.jsonl")
+        gate, users = held[0::2][:cfg.eval.max_tasks], held[1::2][:cfg.traffic.max_tasks]
+        if not gate or not users:
+            raise EtudeError(f"organisation {cfg.org!r}: the specialised candidate {cp.name} has {len(held)} held-out "
+                             "task(s); the gate and the users need at least one each")
+        return users, gate
     repos = set(cfg.org_repos())
     need = cfg.traffic.max_tasks + cfg.eval.max_tasks  # without a repos filter, only as many as are used
     tasks = [x for x in resolve_suite(cfg.traffic.tasks, None if repos else need) if not repos or repo_of(x) in repos]

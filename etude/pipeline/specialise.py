@@ -315,9 +315,12 @@ class Specialise:
         from etude.train.config import with_rollout_backend
 
         c = self.cfg
-        steps = int(seconds_left // c.rl_step_s)
-        if steps < 2:
+        if seconds_left < 30:
             return {"steps": 0, "skipped": f"{seconds_left:.0f} s of budget left"}, "skipped: no budget left"
+        if not load_tasks(self.out / "tasks" / "select.jsonl"):
+            return {"steps": 0, "skipped": "no select tasks to validate on"}, "skipped: no select slice"
+        # at least two steps (a first and a second update); the time limit ends it at the budget
+        steps = max(2, int(seconds_left // c.rl_step_s))
         train_file = self.out / "tasks" / "rl_train.jsonl"
         _save(load_tasks(self.out / "tasks" / "train.jsonl") + load_tasks(self.out / "tasks" / "drills.jsonl"), train_file)
         every = max(1, steps // 2)

@@ -116,6 +116,8 @@ def split_by_function(tasks: Sequence[Task], touched: dict[str, frozenset[str]],
         count += per_fn[f]
     rest = [f for f in fns if f not in held]
     n_select = round(select_fraction * len(rest))
+    if select_fraction > 0 and len(rest) >= 2:
+        n_select = max(1, n_select)  # a choice needs at least one function to choose on
     select_fns = set(rest[:n_select])
     heldout = tuple(t for t in tasks if touched[t.instance_id] <= held)
     clean = [t for t in tasks if not (touched[t.instance_id] & held)]
