@@ -23,6 +23,7 @@ ROOT = Path(etude.__file__).resolve().parent
 LOCAL_IMPORT_ALLOWED: dict[str, str] = {
     "etude/serve/run.py": "etude.serve.app imports fastapi; `import etude.serve` (etude --help, keys, registry) must not",
     "etude/demo/cli.py": "etude.demo.run imports train/evals/loop (torch, scipy); `etude demo --help` must not",
+    "etude/pipeline/cli.py": "etude.pipeline.specialise imports train/evals (torch, scipy); `etude --help` must not",
     "etude/policy/local.py": "etude.scale.moe imports torch; policy.local is imported (serve.pool, policy) before any model is",
     "etude/policy/__init__.py": "the vLLM backend imports policy.local (torch); `import etude.policy` must stay cheap",
 }

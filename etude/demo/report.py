@@ -13,6 +13,8 @@ from typing import Any
 
 import jinja2
 
+from etude.pipeline.report import comparison_table, rates_plot
+
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>etude demo report</title>
 <style>
@@ -227,7 +229,6 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
     spec = data.get("specialise")
     spec_plot = None
     if spec:
-        from etude.pipeline.report import comparison_table, rates_plot
 
         spec_plot = rates_plot(spec, plots / "specialise.png")
     page = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(

@@ -62,7 +62,7 @@ from etude.serve import registry
 from etude.serve.config import ServeConfig
 from etude.serve.run import ensure_model
 from etude.store import open_store
-from etude.tasks import save_tasks
+from etude.tasks import load_tasks, save_tasks
 from etude.tasks.seal import check_sources
 
 
@@ -470,7 +470,6 @@ def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:
     the traffic spec, split in order and disjoint."""
     cp = specialised_candidate(open_store(cfg.db_url()), cfg.org) if cfg.specialise else None
     if cp is not None:
-        from etude.tasks import load_tasks
 
         held = load_tasks(Path(cp.meta["report"]).parent / "tasks" / "heldout.jsonl")
         gate, users = held[0::2][:cfg.eval.max_tasks], held[1::2][:cfg.traffic.max_tasks]

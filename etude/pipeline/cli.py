@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from etude.errors import EtudeError
+
 
 def register(app: typer.Typer) -> None:
     @app.command("specialise")
@@ -22,7 +24,6 @@ def register(app: typer.Typer) -> None:
         backend: Annotated[str, typer.Option("--backend", help="episodes on hf, vllm or auto")] = "auto",
     ) -> None:
         """Specialise the agent to an organisation's repositories: a LoRA adapter, measured on held-out functions."""
-        from etude.errors import EtudeError
         from etude.pipeline.specialise import SpecialiseConfig, run_specialise
 
         if minutes <= 0:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from etude.evals.records import resolved_by_task
+from etude.evals.records import read_records, resolved_by_task
 from etude.evals.stats import discordant, mcnemar_exact, wilson_ci
 
 
@@ -52,7 +52,6 @@ def eval_records(runs: dict[str, Path]) -> list[dict[str, Any]]:
     """Per-episode records of evaluations (arm name -> run folder), in the flat form that
     etude.evals.results.write_result takes: arm, task, resolved, tool_use (a well-formed call),
     tokens. Runs that do not exist are left out."""
-    from etude.evals.records import read_records
 
     out: list[dict[str, Any]] = []
     for arm_name, run in runs.items():

@@ -41,14 +41,27 @@ from typing import Any
 from rich.console import Console
 
 from etude.errors import EtudeError
+from etude.evals import EvalConfig, run_eval
+from etude.evals.runner import resolve_suite
+from etude.paths import cache
 from etude.pipeline.compare import paired_table
+from etude.pipeline.report import write_specialise_report
 from etude.pipeline.split import FunctionSplit, check_disjoint, split_by_function, touched_functions
 from etude.pipeline.stages import Stages
+from etude.policy import resolve_backend
 from etude.provenance import provenance
+from etude.serve import registry
+from etude.store import open_store
+from etude.store.sql import ORG_RE
 from etude.tasks import save_tasks
-from etude.tasks.fetch import parse_spec
+from etude.tasks.curriculum import BUILTIN, package_curriculum, repo_curriculum
+from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.schema import load_tasks
 from etude.tasks.seal import check_source, sealed_packages
+from etude.train import load_config, train
+from etude.train.config import with_rollout_backend
+from etude.train.lora import merge_adapter_dir
+from etude.train.sft import load_sft_config, run_sft
 from etude.types import Task
 
 DRILL_SEED_OFFSET = 7  # drills mutate other sites of the same code (another curriculum seed)
@@ -106,7 +119,6 @@ class SpecialiseConfig:
 
 
 def check_org(org: str) -> str:
-    from etude.store.sql import ORG_RE
 
     if not ORG_RE.match(org or ""):
         raise EtudeError(f"--org {org!r} is not a slug (letters, digits, '.', '_', '-'; starting with a letter or digit)")
@@ -123,7 +135,6 @@ def parse_repos(arg: str | Sequence[str]) -> tuple[str, ...]:
     for x in items:
         if "==" in x:
             name, _ = parse_spec(x)
-            from etude.tasks.fetch import normalise
 
             if normalise(name) in sealed:
                 raise EtudeError(f"{x}: a package of the sealed test split cannot be trained on "
@@ -159,8 +170,6 @@ def check_base(base: str | None, org: str) -> str:
         if not db.is_file():
             return "smollm2"
         url = f"sqlite:///{db}"
-    from etude.serve import registry
-    from etude.store import open_store
 
     cp = registry.production(open_store(url), org)
     if cp is None:
@@ -194,8 +203,6 @@ def example_org_repo(dest: Path) -> Path:
 def check_packages(repos: Sequence[str]) -> None:
     """Fetch every NAME==VERSION's sdist now, so an unknown package or version is one line before
     anything is written (a failed fetch leaves no trace in the cache)."""
-    from etude.paths import cache
-    from etude.tasks.fetch import fetch_sdist, normalise
 
     for spec in repos:
         if "==" not in spec:
@@ -214,7 +221,6 @@ def check_packages(repos: Sequence[str]) -> None:
 
 def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]:
     """Level-1 curriculum tasks of one repository (built once, then cached)."""
-    from etude.tasks.curriculum import BUILTIN, package_curriculum, repo_curriculum
 
     if "==" in spec:
         pins = {m.spec: m.sha256 for m in BUILTIN}
@@ -237,7 +243,6 @@ class Specialise:
         self.base = check_base(cfg.base, cfg.org)
         check_packages(self.cfg.repos)
         check_source(cfg.general, "the general regression suite")  # never the sealed test split
-        from etude.demo.run import resolve_backend
 
         self.backend = resolve_backend(cfg.backend)
         self.workers = cfg.workers or (16 if self.backend == "vllm" else 8)
@@ -295,7 +300,6 @@ class Specialise:
 
     # -- 3. SFT (LoRA)
     def sft(self) -> tuple[dict[str, Any], str]:
-        from etude.train.sft import load_sft_config, run_sft
 
         c = self.cfg
         drills = self.out / "tasks" / "drills.jsonl"
@@ -311,8 +315,6 @@ class Specialise:
 
     # -- 4. RL on the edit turn (LoRA continued)
     def rl(self, adapter: str, seconds_left: float) -> tuple[dict[str, Any], str]:
-        from etude.train import load_config, train
-        from etude.train.config import with_rollout_backend
 
         c = self.cfg
         if seconds_left < 30:
@@ -359,15 +361,12 @@ class Specialise:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
         size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
-        from etude.train.lora import merge_adapter_dir
 
         merge_adapter_dir(dest, self.base, self.out / "merged")
         return {"adapter": str(dest), "from": chosen, "why": why, "bytes": size}, f"{why}; {size / 2**20:.1f} MiB"
 
     # -- 6. evaluations
     def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
-        from etude.evals import EvalConfig, run_eval
-        from etude.train.sft import load_sft_config
 
         h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0)
         ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
@@ -377,7 +376,6 @@ class Specialise:
             f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks ({name})")
 
     def general_suite(self) -> Path:
-        from etude.evals.runner import resolve_suite
 
         f = self.out / "tasks" / "general.jsonl"
         if not f.is_file():
@@ -406,7 +404,6 @@ class Specialise:
                                      stages=self.stages.times()),
         }
         (self.out / "report.json").write_text(json.dumps(rep, indent=1, default=str) + "\n")
-        from etude.pipeline.report import write_specialise_report
 
         html = write_specialise_report(self.out, rep)
         h = held
@@ -416,8 +413,6 @@ class Specialise:
 
     # -- 8. register
     def register(self) -> tuple[dict[str, Any], str]:
-        from etude.serve import registry
-        from etude.store import open_store
 
         store = open_store(self.cfg.db)
         rep = json.loads((self.out / "report.json").read_text())

@@ -28,6 +28,7 @@ from typing import Any
 
 from etude.tasks.curriculum import enclosing_function
 from etude.tasks.diffs import split_files
+from etude.tasks.repo import prepare_repo
 from etude.types import Task
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
@@ -62,7 +63,6 @@ def touched_functions(task: Task, base_root: Path | None = None) -> frozenset[st
     if meta_fn and meta_file and len(split_files(task.patch)) == 1:
         return frozenset({f"{meta_file}::{meta_fn}"})
     if base_root is None:
-        from etude.tasks.repo import prepare_repo
 
         base_root = prepare_repo(task)
     out: set[str] = set()

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,18 @@ def check_backend(backend: str) -> None:
         require_vllm()
 
 
+def resolve_backend(backend: str) -> str:
+    """"auto" -> "vllm" when vLLM is importable here, else "hf"; "hf" and "vllm" as given (a
+    missing vLLM is then one line from `check_backend`)."""
+    if backend not in ("auto", "hf", "vllm"):
+        raise EtudeError(f"--backend must be auto, hf or vllm, not {backend!r}")
+    if backend == "auto":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    if backend == "vllm":
+        check_backend("vllm")
+    return backend
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {
     "scripted": _scripted,
     "openai": _openai,
@@ -81,4 +94,4 @@ def make_policy(spec: str, **kw: Any) -> Policy:
     return factory(spec, **kw)
 
 
-__all__ = ["BACKENDS", "POLICIES", "check_backend", "make_policy"]
+__all__ = ["BACKENDS", "POLICIES", "check_backend", "make_policy", "resolve_backend"]

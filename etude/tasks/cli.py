@@ -16,6 +16,7 @@ import typer
 
 from etude.errors import EtudeError
 from etude.tasks.curriculum import LEVELS, build, builtin_curriculum, read_packages
+from etude.tasks.history import HistoryConfig, mine_history, summary
 from etude.tasks.mine import mine
 from etude.tasks.schema import load_tasks_report, save_tasks
 from etude.tasks.suite import build_suite, package_tasks, select_packages
@@ -74,8 +75,6 @@ def _mine_repo(repo: Path, out: Path, since: str | None, until: str, max_tasks: 
                extra_deps: Sequence[str]) -> None:  # fmt: skip
     """`mine --repo`: the tasks to --out, one summary line of skips on stderr, JSON on stdout."""
     import sys
-
-    from etude.tasks.history import HistoryConfig, mine_history, summary
 
     if max_tasks is not None and max_tasks < 1:
         raise EtudeError(f"--max must be at least 1, got {max_tasks}")

@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.tasks.curriculum import BUILTIN
 from etude.tasks.fetch import normalise
+from etude.tasks.schema import load_tasks
+from etude.tasks.suite import PACKAGES
 from etude.types import Task
 
 OVERRIDE_FLAG = "--allow-test-split"
@@ -30,8 +33,6 @@ OVERRIDE_FLAG = "--allow-test-split"
 
 def sealed_packages() -> frozenset[str]:
     """Normalised names of every package in a held-out test split."""
-    from etude.tasks.curriculum import BUILTIN
-    from etude.tasks.suite import PACKAGES
 
     names = {m.spec.split("==", 1)[0] for m in BUILTIN if m.split == "test"}
     names |= {p.name for p in PACKAGES if p.split == "eval"}
@@ -87,7 +88,6 @@ def check_source(spec: str | Path | None, where: str, allow: bool = False) -> di
     p = Path(text)
     if not p.is_file():
         return None
-    from etude.tasks.schema import load_tasks
 
     try:
         tasks = load_tasks(p)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.policy.models import load_model
 from etude.train.config import LoraConfig
 
 
@@ -69,7 +70,6 @@ def merge_adapter_dir(adapter_dir: str | Path, base_model: str, out: str | Path)
     """`base_model` with the adapter at `adapter_dir` merged in, saved at `out`; kept if present."""
     from peft import PeftModel
 
-    from etude.policy.models import load_model
 
     out = Path(out)
     if (out / "config.json").is_file():
