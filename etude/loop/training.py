@@ -17,16 +17,14 @@ per-kernel determinism).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from etude.loop.distill import ScoredSample
-from etude.policy.models import load_model
 from etude.train.config import EnvConfig, LoraConfig, TrainConfig
 from etude.train.loop import train
+from etude.train.lora import merge_adapter_dir
 from etude.train.losses import LossConfig
 from etude.train.metrics import read_metrics
 
@@ -70,21 +68,9 @@ def is_adapter(path: str | Path) -> bool:
 
 def export_merged(adapter_dir: str | Path, base_model: str, out: str | Path) -> Path:
     """`base_model` with the adapter merged in, saved as a plain model directory at `out` (what
-    the eval harness loads); written under a temporary name, then renamed; kept if present."""
-    from peft import PeftModel
-
-    out = Path(out)
-    if (out / "config.json").is_file():
-        return out
-    model, tok = load_model(base_model)
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    the eval harness loads); written under a temporary name, then renamed; kept if present.
+    The one LoRA export, `etude.train.lora.merge_adapter_dir`."""
+    return merge_adapter_dir(adapter_dir, base_model, out)
 
 
 _KEEP = ("loss", "is_ratio_mean", "is_ratio_min", "is_ratio_max", "is_truncated_frac", "clip_frac", "kl",
