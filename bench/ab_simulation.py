@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
+from etude.evals.stats import wilson_ci
 from etude.experiments.analysis import ABConfig, MetricArrays, analyze, analyze_arrays, sequential_looks
 from etude.experiments.power import estimate_user_cv, plan
 
@@ -64,8 +64,8 @@ def simulate_rows(rng: np.random.Generator, users: int, lift: float, metric: str
 
 
 def _rate(k: int, n: int) -> dict:
-    ci = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
-    return {"rate": k / n, "ci_low": float(ci.low), "ci_high": float(ci.high), "n": n}
+    low, high = wilson_ci(k, n)
+    return {"rate": k / n, "ci_low": low, "ci_high": high, "n": n}
 
 
 def run_cell(rng: np.random.Generator, n_arm: int, lift: float, reps: int, cfg: ABConfig) -> dict:

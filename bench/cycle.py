@@ -25,14 +25,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 PEER = {"name": "Cursor real-time RL (published)", "cycle_s": 5 * 3600, "scale": "production traffic, GPU cluster",
         "measured_here": False}

@@ -25,8 +25,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 def score(reply: str, src: str, gold_src: str, path: str, bug_line: str) -> dict[str, bool]:
     """The probe's figures for one reply (see the module doc): `etude.train.fixturn.score_edit`,
@@ -44,10 +42,10 @@ def prompts(tasks: list[Any], work: Path, hc: Any) -> list[dict[str, Any]]:
 
 
 def run_model(spec: str, items: list[dict[str, Any]], backend: str, max_tokens: int) -> list[str]:
-    from etude.evals.models import _local
+    from etude.evals.models import local_policy
     from etude.tools import tool_schemas
 
-    pol = _local(spec, backend)  # the engine `etude eval` samples a local model with
+    pol = local_policy(spec, backend)  # the engine `etude eval` samples a local model with
     replies: list[str] = []
     batch = 64 if backend == "vllm" else 4
     for i in range(0, len(items), batch):

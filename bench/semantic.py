@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 PACKAGE, VERSION = "ansible-core", "2.17.7"
 SDIST = "ansible_core-2.17.7.tar.gz"

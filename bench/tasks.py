@@ -97,11 +97,11 @@ def bench_suite_sample(per_package: int) -> dict | None:
     import random
 
     from etude.tasks.schema import load_tasks
-    from etude.tasks.suite import PACKAGES, _package_file
+    from etude.tasks.suite import PACKAGES, package_file
 
     rng, rows = random.Random(7), []
     for pkg in PACKAGES:
-        f = _package_file(pkg)
+        f = package_file(pkg)
         if not f.is_file():
             continue
         tasks = load_tasks(f)

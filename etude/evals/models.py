@@ -101,7 +101,7 @@ def policy_factory(spec: str, model_name: str | None = None, backend: str = "hf"
         if not served:
             raise EtudeError("a server URL needs the served model name: URL#NAME or --model-name NAME")
         return _shared(_openai(url, served))
-    return _shared(_local(spec, backend))
+    return _shared(local_policy(spec, backend))
 
 
 def _scripted_file(path: str) -> PolicyFactory:
@@ -113,7 +113,10 @@ def _openai(url: str, name: str) -> Policy:
     return make_policy("openai", base_url=url, model=name)
 
 
-def _local(spec: str, backend: str = "hf") -> Policy:
+def local_policy(spec: str, backend: str = "hf") -> Policy:
+    """The engine `etude eval` samples a local model with: "smollm2", "tiny" or a model directory
+    on transformers in bf16 (backend "hf", on the GPU when there is one) or on vLLM (backend
+    "vllm"). A missing directory is an EtudeError."""
     if backend == "vllm":  # one engine for every episode; a missing vLLM is one line (exit 2)
         if ("/" in spec or Path(spec).exists()) and not Path(spec).is_dir():
             raise EtudeError(f"model directory not found: {spec}")

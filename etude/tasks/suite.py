@@ -68,7 +68,8 @@ def suite_dir() -> Path:
     return d
 
 
-def _package_file(pkg: Package) -> Path:
+def package_file(pkg: Package) -> Path:
+    """Where the package's full build of validated tasks is cached (JSONL; absent until built)."""
     return suite_dir() / f"{pkg.name}-{pkg.version}.jsonl"
 
 
@@ -100,7 +101,7 @@ def package_tasks(pkg: Package, progress: Progress | None = None, limit: int | N
     full build cached, only that many synthetic tasks are built (and cached apart), so a caller
     that wants a handful of tasks does not wait for the whole package."""
     say = progress or (lambda _m: None)
-    full = _package_file(pkg)
+    full = package_file(pkg)
     if full.is_file():
         return load_tasks(full)
     if limit is not None and limit < pkg.synth:

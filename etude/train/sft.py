@@ -465,14 +465,22 @@ def row_loss(model: Any, seqs: Sequence[Sequence_]) -> tuple[Any, int]:
     return loss, len(keep)
 
 
-def _lr(cfg: SFTConfig, step: int, total: int) -> float:
+def lr_at(cfg: SFTConfig, step: int, total: int) -> float:
+    """The learning rate of step `step` (from 0) of `total`: linear warm-up over
+    `cfg.warmup_steps`, then cosine decay from `cfg.lr` to a tenth of it."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     frac = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-class _Trainer:
+class SFTTrainer:
+    """The SFT trainer: `cfg.model` (fp32 weights, on the GPU when there is one; a LoRA adapter
+    when `cfg.lora.enabled`) and AdamW over its trainable parameters. `step(batch, lr)` takes one
+    optimiser step on a batch of `Sequence_` (rows packed to `cfg.row_tokens` when set, under bf16
+    autocast when `cfg.precision` says so); `save`/`restore` checkpoint in etude.train.checkpoint's
+    layout; `export` writes the final model. `run_sft` drives it; bench/gpu_sft.py too."""
+
     def __init__(self, cfg: SFTConfig, out: Path):
         import torch
 
@@ -622,7 +630,7 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
 
         pools = gather(cfg, out, tracker)
         gather_s = time.time() - t0
-        trainer = _Trainer(cfg, out)
+        trainer = SFTTrainer(cfg, out)
         seqs: dict[str, list[Sequence_]] = {}
         dropped = 0
         for src, items in pools.items():
@@ -647,7 +655,7 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
             for step in range(state["step"], steps):
                 batch = order[step * cfg.batch_sequences:(step + 1) * cfg.batch_sequences]
                 ts = time.time()
-                rec = trainer.step(batch, _lr(cfg, step, steps))
+                rec = trainer.step(batch, lr_at(cfg, step, steps))
                 rec.update({"kind": "train", "step": step + 1, "step_s": time.time() - ts,
                             "tokens_per_s": rec["tokens"] / max(1e-9, time.time() - ts), "time": time.time()})
                 metrics.write(rec)

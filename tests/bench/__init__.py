@@ -1,4 +1,5 @@
-"""Tests of the scripts under bench/ (they are files, not a package: `load_bench` imports one)."""
+"""Tests of the scripts under bench/ (each runs as a file, `python bench/NAME.py`: `load_bench` imports one
+by its path, as that command would)."""
 
 from __future__ import annotations
 
