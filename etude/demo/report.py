@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from etude.pipeline.report import comparison_table, rates_plot
+from etude.pipeline.report import rates_plot, table
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>etude demo report</title>
@@ -66,19 +66,6 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 """
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    def cell(v: Any, i: int) -> str:
-        cls = ' class="l"' if i == 0 or isinstance(v, str) else ""
-        if isinstance(v, float):
-            v = f"{v:.4g}"
-        return f"<td{cls}>{html.escape(str(v))}</td>"
-
-    left = ' class="l"'
-    head = "".join(f"<th{left if i == 0 else ''}>{html.escape(h)}</th>" for i, h in enumerate(header))
-    body = "".join("<tr>" + "".join(cell(v, i) for i, v in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
 def learning_plot(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path | None:
     import matplotlib
 
@@ -126,7 +113,7 @@ def cycle_plot(stages: dict[str, float], path: Path) -> Path | None:
     return path
 
 
-def heldout_table(held: dict[str, Any] | None) -> str:
+def heldouttable(held: dict[str, Any] | None) -> str:
     if not held:
         return "<p>not run</p>"
     def use(n: str) -> list[Any]:  # episodes with a well-formed tool call (absent in older demo.json files)
@@ -138,9 +125,9 @@ def heldout_table(held: dict[str, Any] | None) -> str:
             for n in ("base", "sft", "rl") if n in held]
     pairs = [[k.replace("_vs_", " vs "), v["gain"], v["mcnemar_p"], v.get("tool_use_gain", "–"),
               v.get("tool_use_mcnemar_p", "–")] for k, v in held.items() if "_vs_" in k]
-    return (_table(["stage", "resolved", "tasks", "rate", "Wilson 95% CI", "episodes with a well-formed tool call",
+    return (table(["stage", "resolved", "tasks", "rate", "Wilson 95% CI", "episodes with a well-formed tool call",
                     "its Wilson 95% CI"], rows)
-            + _table(["comparison", "resolved gain (points)", "exact McNemar p", "tool-use gain (points)",
+            + table(["comparison", "resolved gain (points)", "exact McNemar p", "tool-use gain (points)",
                       "its exact McNemar p"], pairs))
 
 
@@ -189,7 +176,7 @@ def sft_plot(metrics: list[dict[str, Any]], path: Path) -> Path | None:
     return path
 
 
-def eval_table(comparison: dict[str, Any] | None) -> str:
+def evaltable(comparison: dict[str, Any] | None) -> str:
     if not comparison:
         return "<p>not run</p>"
     rows = []
@@ -199,10 +186,10 @@ def eval_table(comparison: dict[str, Any] | None) -> str:
         rows.append([name, m.get("a"), m.get("b"), m.get("delta"),
                      f"[{_f(m.get('ci_low'))}, {_f(m.get('ci_high'))}]", m.get("p_value") if m.get("p_value") is not None else "",
                      "REGRESSION" if m.get("regression") else ("improved" if m.get("improvement") else "")])
-    return _table(["metric", "base", "trained", "delta", "95% CI", "p (paired)", ""], rows)
+    return table(["metric", "base", "trained", "delta", "95% CI", "p (paired)", ""], rows)
 
 
-def ab_table(readout: dict[str, Any] | None) -> str:
+def abtable(readout: dict[str, Any] | None) -> str:
     if not readout:
         return "<p>no readout</p>"
     rows = []
@@ -210,7 +197,7 @@ def ab_table(readout: dict[str, Any] | None) -> str:
         rows.append([name, m.get("control"), m.get("treatment"), m.get("delta"),
                      f"[{_f(m.get('ci_low'))}, {_f(m.get('ci_high'))}]", m.get("p_value"), m.get("msprt_p")])
     srm = f"<p>users per arm: {html.escape(json.dumps(readout.get('users', {})))}; SRM p = {_f(readout.get('srm_p'))}</p>"
-    return _table(["metric", "control", "treatment", "lift", "95% CI", "p", "mSPRT p (always valid)"], rows) + srm
+    return table(["metric", "control", "treatment", "lift", "95% CI", "p", "mSPRT p (always valid)"], rows) + srm
 
 
 def _f(x: Any) -> str:
@@ -241,13 +228,13 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
         plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png",
                "heldout": hp and "plots/heldout.png", "sft": sp and "plots/sft.png",
                "spec": spec_plot and "plots/specialise.png"},
-        heldout_table=_markup(heldout_table(data.get("heldout"))),
+        heldout_table=_markup(heldouttable(data.get("heldout"))),
         side=data.get("side_by_side"),
         learning_note=data.get("learning_note", ""),
-        eval_table=_markup(eval_table(data.get("comparison"))),
+        eval_table=_markup(evaltable(data.get("comparison"))),
         eval_note=data.get("eval_note", ""),
-        cycle_table=_markup(_table(["stage", "status", "seconds"], data.get("cycle_rows", []))),
-        ab_table=_markup(ab_table(data.get("readout"))),
+        cycle_table=_markup(table(["stage", "status", "seconds"], data.get("cycle_rows", []))),
+        ab_table=_markup(abtable(data.get("readout"))),
         decision=data.get("decision", "–"),
         trajectories=[{"title": t, "body": b} for t, b in data.get("trajectories", [])],
     )
