@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from etude.pipeline.report import rates_plot, table
+from etude.pipeline.report import comparison_table, rates_plot, table
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>etude demo report</title>
