@@ -58,7 +58,12 @@ def curve(sp: Specialise, rep: dict[str, Any]) -> list[dict[str, Any]]:
     if not ckpts:
         return []
     total = ckpts[-1][0]
-    picks = sorted({min(ckpts, key=lambda c: abs(c[0] - total * f)) for f in (1 / 3, 2 / 3)}, key=lambda c: c[0])
+    chosen = json.loads((out / "state.json").read_text())["stages"]["5. choose"]["result"]
+    sft_final = str(Path(chosen["from"])) == str(Path(sp.stages.result("3. SFT (LoRA)")["adapter"]))
+    # three budgets at least: SFT at 1/3 and 2/3 when the SFT adapter shipped, else SFT at 1/2,
+    # SFT final and the RL adapter
+    fracs = (1 / 3, 2 / 3) if sft_final else (1 / 2,)
+    picks = sorted({min(ckpts, key=lambda c: abs(c[0] - total * f)) for f in fracs}, key=lambda c: c[0])
     points = []
     for step, path, secs in picks:
         if step == total:
@@ -70,8 +75,6 @@ def curve(sp: Specialise, rep: dict[str, Any]) -> list[dict[str, Any]]:
         points.append({"point": f"SFT {step}/{total} steps", "train_s": secs, "run": name})
     sft_s = rep["stages"]["3. SFT (LoRA)"]["seconds"]
     rl_s = rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0)
-    chosen = json.loads((out / "state.json").read_text())["stages"]["5. choose"]["result"]
-    sft_final = str(Path(chosen["from"])) == str(Path(sp.stages.result("3. SFT (LoRA)")["adapter"]))
     if not sft_final:  # the SFT adapter itself is a point of its own when RL's adapter shipped
         merged = out / "merged-sft"
         merge_adapter_dir(sp.stages.result("3. SFT (LoRA)")["adapter"], sp.base, merged)
@@ -125,11 +128,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench_specialise")
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--general-tasks", type=int, default=50, help="validation-split tasks of the regression check")
     ap.add_argument("--results", default=str(RESULTS))
     a = ap.parse_args()
     t0 = time.time()
     cfg = SpecialiseConfig(org=a.org, repos=tuple(a.repos.split(",")), out=a.out, base=a.base, minutes=a.minutes,
-                           seed=a.seed, backend=a.backend)
+                           seed=a.seed, backend=a.backend, general_tasks=a.general_tasks)
     with PeakMemory() as mem:
         rep = run_specialise(cfg)
         sp = Specialise(cfg)  # the same run directory: every stage reads back

@@ -89,8 +89,12 @@ class SpecialiseConfig:
     """level-1 tasks built per repository (fewer when its tests catch fewer mutants)."""
     drills_per_repo: int = 60
     """tasks of the drill seed per repository (0: no drills)."""
-    heldout_fraction: float = 0.5
+    heldout_fraction: float = 0.4
+    """share of the (capped) tasks whose functions are held out."""
     select_fraction: float = 0.15
+    heldout_per_function: int | None = 3
+    """at most this many held-out tasks per function (a function with many mutants would
+    otherwise fill the held-out side with near-copies of one bug site)."""
     min_heldout: int = 30
     """fewer held-out tasks than this cannot carry the report: one line, exit 2."""
     general: str = "builtin:curriculum:validation"
@@ -275,7 +279,8 @@ class Specialise:
         org = load_tasks(self.out / "tasks" / "org.jsonl")
         touched = {t.instance_id: touched_functions(t) for t in org}
         sp: FunctionSplit = split_by_function(org, touched, heldout_fraction=c.heldout_fraction,
-                                              select_fraction=c.select_fraction, seed=c.seed)
+                                              select_fraction=c.select_fraction, seed=c.seed,
+                                              heldout_per_function=c.heldout_per_function)
         check_disjoint(sp.train + sp.select, sp.heldout, touched)
         if len(sp.heldout) < c.min_heldout:
             raise EtudeError(f"{', '.join(c.repos)} yield {len(sp.heldout)} held-out tasks "

@@ -8,7 +8,8 @@ functions with a fixed seed and moves whole functions to the held-out side until
 
 - held out: the tasks every one of whose functions is held out;
 - train: the tasks none of whose functions is held out;
-- dropped: tasks touching both sides (counted, never used);
+- dropped: tasks touching both sides, and held-out tasks past `heldout_per_function` (counted,
+  never used);
 - select: a slice of the *train* functions (`select_fraction`) kept out of training, on which a
   run chooses between its checkpoints, so the held-out side is read once, for the final figure.
 
@@ -98,30 +99,45 @@ class FunctionSplit:
 
 
 def split_by_function(tasks: Sequence[Task], touched: dict[str, frozenset[str]], *, heldout_fraction: float = 0.5,
-                      select_fraction: float = 0.15, seed: int = 0) -> FunctionSplit:
-    """The split of the module doc. `touched`: instance id -> its functions (`touched_functions`)."""
+                      select_fraction: float = 0.15, seed: int = 0,
+                      heldout_per_function: int | None = None) -> FunctionSplit:
+    """The split of the module doc. `touched`: instance id -> its functions (`touched_functions`).
+    `heldout_per_function`: at most this many held-out tasks per function (seeded pick; the rest of
+    that function's tasks are dropped, never trained on), so one function with many mutants does
+    not fill the held-out side; the fraction then counts tasks up to that cap."""
     fns = sorted({f for t in tasks for f in touched[t.instance_id]})
-    random.Random(seed).shuffle(fns)
+    rng = random.Random(seed)
+    rng.shuffle(fns)
     per_fn: dict[str, int] = {f: 0 for f in fns}
     for t in tasks:
         for f in touched[t.instance_id]:
             per_fn[f] += 1
+    cap = heldout_per_function or max(per_fn.values(), default=0)
     held: set[str] = set()
-    goal = heldout_fraction * len(tasks)
+    goal = heldout_fraction * sum(min(n, cap) for n in per_fn.values())
     count = 0
     for f in fns:
         if count >= goal:
             break
         held.add(f)
-        count += per_fn[f]
+        count += min(per_fn[f], cap)
     rest = [f for f in fns if f not in held]
     n_select = round(select_fraction * len(rest))
     if select_fraction > 0 and len(rest) >= 2:
         n_select = max(1, n_select)  # a choice needs at least one function to choose on
     select_fns = set(rest[:n_select])
-    heldout = tuple(t for t in tasks if touched[t.instance_id] <= held)
+    taken: dict[str, int] = {}
+    heldout_l: list[Task] = []
+    for t in sorted((t for t in tasks if touched[t.instance_id] <= held), key=lambda t: rng.random()):
+        fs = touched[t.instance_id]
+        if all(taken.get(f, 0) < cap for f in fs):
+            heldout_l.append(t)
+            for f in fs:
+                taken[f] = taken.get(f, 0) + 1
+    keep = {t.instance_id for t in heldout_l}
+    heldout = tuple(t for t in tasks if t.instance_id in keep)  # in the input's order
     clean = [t for t in tasks if not (touched[t.instance_id] & held)]
-    dropped = tuple(t.instance_id for t in tasks if t not in heldout and t not in clean)
+    dropped = tuple(t.instance_id for t in tasks if t.instance_id not in keep and t not in clean)
     select = tuple(t for t in clean if touched[t.instance_id] & select_fns)
     train = tuple(t for t in clean if not (touched[t.instance_id] & select_fns))
     functions = {"heldout": tuple(sorted(held)), "select": tuple(sorted(select_fns)),

@@ -95,3 +95,23 @@ def test_check_disjoint_catches_a_leak():
     touched["leak"] = touched[tasks[0].instance_id]
     with pytest.raises(AssertionError, match="held-out function"):
         check_disjoint([leaky], [tasks[0]], touched)
+
+
+def test_heldout_per_function_caps_one_function_s_share():
+    tasks, touched = _many(10, 2)
+    for k in range(30):  # one function with many mutants
+        t = _task(f"big-{k}", _patch(1, "a", "b"))
+        tasks.append(t)
+        touched[t.instance_id] = frozenset({"m.py::big"})
+    for seed in range(6):
+        sp = split_by_function(tasks, touched, heldout_per_function=3, seed=seed)
+        check_disjoint(sp.train + sp.select, sp.heldout, touched)
+        per = {}
+        for t in sp.heldout:
+            for f in touched[t.instance_id]:
+                per[f] = per.get(f, 0) + 1
+        assert max(per.values()) <= 3
+        if "m.py::big" in sp.functions["heldout"]:
+            assert sum(1 for i in sp.dropped if i.startswith("big-")) == 27
+        else:
+            assert sum(1 for t in sp.train + sp.select if t.instance_id.startswith("big-")) == 30
