@@ -1,7 +1,8 @@
 """The HTTP server: FastAPI routes over `ChatService`, auth, bounded bodies, OpenAI errors.
 
 Routes: GET /health (no key), GET /v1/models, POST /v1/chat/completions, POST /v1/feedback,
-GET /v1/interactions/{id}. Everything under /v1 needs `Authorization: Bearer <key>`; the key
+GET /v1/interactions/{id}, and the HTML /dashboard (etude.serve.dashboard: Bearer key or a
+login form's session cookie). Everything under /v1 needs `Authorization: Bearer <key>`; the key
 names the organisation, and every read and write is scoped to it (a foreign interaction id
 answers 404, exactly like an unknown one).
 
@@ -39,6 +40,8 @@ from etude.serve.api import (
     stream_chunks,
 )
 from etude.serve.config import ServeConfig
+from etude.serve.dashboard import add_dashboard
+from etude.serve.dashboard_data import ReadoutFn
 from etude.serve.pool import PolicyPool
 from etude.serve.service import ChatService, Pending
 from etude.store.sql import FEEDBACK_KINDS, SQLStore
@@ -46,7 +49,8 @@ from etude.store.sql import FEEDBACK_KINDS, SQLStore
 _PIECE = re.compile(r"\S+\s*|\s+")
 
 
-def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
+def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool, *, readout: ReadoutFn | None = None) -> FastAPI:
+    """The app; `readout` computes the dashboard's live A/B readout (see etude.serve.dashboard_data)."""
     service = ChatService(cfg, store, pool)
 
     @asynccontextmanager
@@ -60,6 +64,7 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool) -> FastAPI:
 
     app = FastAPI(title="etude", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.store, app.state.pool = store, pool
+    add_dashboard(app, store, readout)
 
     @app.exception_handler(ApiError)
     async def _api_error(_req: Request, e: ApiError) -> JSONResponse:

@@ -66,9 +66,12 @@ def _keys(app: typer.Typer) -> None:
     keys = typer.Typer(help="API keys per organisation (stored hashed).", no_args_is_help=True)
 
     @keys.command("create")
-    def create(org: str = typer.Option(..., "--org"), name: str = typer.Option("", "--name"), db: str | None = DB) -> None:
+    def create(org: str = typer.Option(..., "--org"), name: str = typer.Option("", "--name"),
+               admin: bool = typer.Option(False, "--admin", help="the key sees every organisation on /dashboard "
+                                          "and may roll back there (on /v1 it acts as ORG)"),
+               db: str | None = DB) -> None:
         """Create a key for ORG (creating the organisation) and print it; it is shown only once."""
-        print(_store(db).create_key(org, name))
+        print(_store(db).create_key(org, name, admin=admin))
 
     @keys.command("list")
     def list_(org: str = typer.Option(..., "--org"), db: str | None = DB) -> None:

@@ -11,7 +11,7 @@ the same change; `tests/store/test_store.py` checks that the migrated database m
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, String, Table, Text, false
 
 metadata = MetaData()
 
@@ -31,6 +31,8 @@ api_keys = Table(
     Column("name", String(256), nullable=False, default=""),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float, nullable=True),
+    # an admin key still belongs to its org (and acts as it on /v1); only /dashboard reads the flag
+    Column("admin", Boolean, nullable=False, default=False, server_default=false()),
 )
 
 checkpoints = Table(

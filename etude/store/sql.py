@@ -97,29 +97,50 @@ class SQLStore:
             conn.execute(t.orgs.insert().values(id=org, created_at=time.time()))
         return org
 
-    def create_key(self, org: str, name: str = "") -> str:
-        """A new API key for `org` (creating the org). The key is returned once, never stored."""
+    def create_key(self, org: str, name: str = "", *, admin: bool = False) -> str:
+        """A new API key for `org` (creating the org). The key is returned once, never stored.
+        An `admin` key acts as `org` everywhere except /dashboard, where it sees every org."""
         kid, secret = secrets.token_hex(5), secrets.token_urlsafe(24)
         key = f"etk_{kid}_{secret}"
         with self.write() as conn:
             self.ensure_org(org, conn)
             conn.execute(t.api_keys.insert().values(
-                id=kid, org_id=org, key_hash=hash_key(key), name=name, created_at=time.time()))
+                id=kid, org_id=org, key_hash=hash_key(key), name=name, created_at=time.time(), admin=bool(admin)))
         return key
 
     def authenticate(self, key: str | None) -> str | None:
         """The organisation a key belongs to, or None (malformed, unknown or revoked)."""
+        ident = self.identify(key)
+        return None if ident is None else ident["org_id"]
+
+    def identify(self, key: str | None) -> dict[str, Any] | None:
+        """{"id", "org_id", "admin"} of a valid key, or None (malformed, unknown or revoked)."""
         m = KEY_RE.match(key or "")
         if not m:
             return None
+        row = self.key_record(m.group(1))
+        if row is None or not hmac.compare_digest(row.pop("key_hash"), hash_key(key or "")):
+            return None
+        return row
+
+    def key_record(self, key_id: str) -> dict[str, Any] | None:
+        """{"id", "org_id", "admin", "key_hash"} of a key that is not revoked, by its public id."""
+        k = t.api_keys.c
         with self.read() as conn:
-            row = conn.execute(sa.select(t.api_keys).where(t.api_keys.c.id == m.group(1))).first()
+            row = conn.execute(sa.select(k.id, k.org_id, k.admin, k.key_hash, k.revoked_at)
+                               .where(k.id == key_id)).first()
         if row is None or row.revoked_at is not None:
             return None
-        return row.org_id if hmac.compare_digest(row.key_hash, hash_key(key or "")) else None
+        return {"id": row.id, "org_id": row.org_id, "admin": bool(row.admin), "key_hash": row.key_hash}
+
+    def list_orgs(self) -> list[str]:
+        """Every organisation's name (for admin views; no data of theirs)."""
+        with self.read() as conn:
+            return [r.id for r in conn.execute(sa.select(t.orgs.c.id).order_by(t.orgs.c.id))]
 
     def list_keys(self, org: str) -> list[dict[str, Any]]:
-        q = sa.select(t.api_keys.c.id, t.api_keys.c.name, t.api_keys.c.created_at, t.api_keys.c.revoked_at)
+        q = sa.select(t.api_keys.c.id, t.api_keys.c.name, t.api_keys.c.created_at, t.api_keys.c.revoked_at,
+                      t.api_keys.c.admin)
         with self.read() as conn:
             return [_row(r) for r in conn.execute(q.where(t.api_keys.c.org_id == org).order_by(t.api_keys.c.created_at))]
 

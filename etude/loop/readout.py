@@ -1,0 +1,47 @@
+"""The live A/B readout of one organisation's experiment, assembled as the loop's canary stage
+assembles it (`etude.loop.metrics` rows → `etude.experiments.analyze`, the plan of the
+`[canary]` section, the hack alarms), for the server's `/dashboard`.
+
+```python
+app = create_app(cfg, store, pool, readout=dashboard_readout(LoopConfig.from_toml("loop.toml")))
+```
+
+It lives here, not in `etude.serve`, because `etude.loop` imports `etude.serve` (see
+tests/test_layers.py): the dashboard is handed this function. Not guaranteed: that it matches a
+cycle's own readout figure for figure when the config differs from the one the cycle ran with
+(alpha, weights, mde and guardrails come from `cfg`); experiments whose arms are not the loop's
+`control` and `canary` get no `ab` (their rows are not mapped onto analyze's arms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from etude.experiments import ABConfig, Guardrail, analyze
+from etude.loop.config import LoopConfig
+from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
+
+
+def ab_config(cfg: LoopConfig) -> ABConfig:
+    c = cfg.canary
+    return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power,
+                    guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
+
+
+def live_readout(store: Any, org: str, experiment_id: str, cfg: LoopConfig | None = None) -> dict[str, Any]:
+    """{"ab": analyze's readout or None, "plan": the planned users per arm or None, "primary",
+    "arm_ratios", "alarms"} of `org`'s traffic in the experiment."""
+    cfg = cfg or LoopConfig()
+    facts = interaction_facts(store, org, experiment_id)
+    rows = ab_rows(facts)
+    ab = analyze(rows, ab_config(cfg)) if {r["arm"] for r in rows} == {"control", "treatment"} else None
+    plan = cfg.canary.plan()
+    ratios = arm_ratios(facts)
+    return {"ab": ab, "plan": plan.to_dict() if plan is not None else None, "primary": cfg.canary.primary,
+            "arm_ratios": ratios, "alarms": alarms(ratios, cfg.alarms)}
+
+
+def dashboard_readout(cfg: LoopConfig | None = None) -> Callable[[Any, str, Any], dict[str, Any]]:
+    """The `ReadoutFn` for `etude.serve.app.create_app(readout=...)` (or `app.state.readout`)."""
+    return lambda store, org, exp: live_readout(store, org, exp.id, cfg)
