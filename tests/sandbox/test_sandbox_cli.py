@@ -78,7 +78,7 @@ def test_exec_with_venv_runs_python(ws: Path) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["--workspace", "/no/such/dir", "--", "true"],
+        ["--workspace", "/dev/null", "--", "true"],  # a file, not a folder (a missing folder is made)
         ["--workspace", "{ws}", "--timeout", "-1", "--", "true"],
         ["--workspace", "{ws}", "--ro-bind", "/no/such/path", "--", "true"],
     ],
