@@ -49,8 +49,10 @@ def sft_checkpoints(out: Path) -> list[tuple[int, Path, float]]:
     return [(s, steps[s], cum.get(s, float("nan"))) for s in sorted(steps)]
 
 
-def curve(sp: Specialise, rep: dict[str, Any]) -> list[dict[str, Any]]:
-    """Held-out evaluations of the adapter at several training budgets (see the module doc)."""
+def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | None = None) -> list[dict[str, Any]]:
+    """Held-out evaluations of the adapter at several training budgets (see the module doc);
+    `fracs_sft`: the fractions of the SFT steps to evaluate (default: 1/3 and 2/3 when the SFT
+    adapter shipped, 1/2 when RL's did; () for none)."""
     from etude.train.lora import merge_adapter_dir
 
     out = sp.out
@@ -62,7 +64,7 @@ def curve(sp: Specialise, rep: dict[str, Any]) -> list[dict[str, Any]]:
     sft_final = str(Path(chosen["from"])) == str(Path(sp.stages.result("3. SFT (LoRA)")["adapter"]))
     # three budgets at least: SFT at 1/3 and 2/3 when the SFT adapter shipped, else SFT at 1/2,
     # SFT final and the RL adapter
-    fracs = (1 / 3, 2 / 3) if sft_final else (1 / 2,)
+    fracs = fracs_sft if fracs_sft is not None else ((1 / 3, 2 / 3) if sft_final else (1 / 2,))
     picks = sorted({min(ckpts, key=lambda c: abs(c[0] - total * f)) for f in fracs}, key=lambda c: c[0])
     points = []
     for step, path, secs in picks:
@@ -129,15 +131,20 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_specialise")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--general-tasks", type=int, default=50, help="validation-split tasks of the regression check")
+    ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
+                    "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point)")
+    ap.add_argument("--sft-share", default="0.6", help="share of --minutes SFT may use, or 'none' (all its epochs)")
     ap.add_argument("--results", default=str(RESULTS))
     a = ap.parse_args()
     t0 = time.time()
     cfg = SpecialiseConfig(org=a.org, repos=tuple(a.repos.split(",")), out=a.out, base=a.base, minutes=a.minutes,
-                           seed=a.seed, backend=a.backend, general_tasks=a.general_tasks)
+                           seed=a.seed, backend=a.backend, general_tasks=a.general_tasks,
+                           sft_share=None if a.sft_share == "none" else float(a.sft_share))
+    fracs = None if a.curve is None else tuple(float(x) for x in a.curve.split(",") if x) if a.curve != "none" else ()
     with PeakMemory() as mem:
         rep = run_specialise(cfg)
         sp = Specialise(cfg)  # the same run directory: every stage reads back
-        points = curve(sp, rep)
+        points = curve(sp, rep, fracs)
     res = Path(a.results)
     h, g = rep["heldout"], rep["general"]
     whole = sum(v["seconds"] for v in rep["stages"].values())

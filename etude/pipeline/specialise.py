@@ -40,7 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
-from etude.errors import EtudeError
+from etude.errors import EtudeError, NotFound
 from etude.evals import EvalConfig, run_eval
 from etude.evals.runner import resolve_suite
 from etude.paths import cache
@@ -105,6 +105,9 @@ class SpecialiseConfig:
     """the agent's harness and SFT hyperparameters (model, tasks and LoRA set here)."""
     rl_config: str = "configs/fix_rl.toml"
     """GRPO on the edit turn (model, tasks, LoRA and steps set here)."""
+    sft_share: float | None = 0.6
+    """share of `minutes` the SFT stage may use (gathering included); RL gets the rest. None: SFT
+    runs all its epochs whatever the budget (as runs before this field did)."""
     sft_epochs: float = 2.0
     sft_lr: float = 3e-4
     lora_r: int = 16
@@ -311,7 +314,8 @@ class Specialise:
         n_drills = len(load_tasks(drills)) if drills.is_file() else 0
         cfg = load_sft_config(c.agent_config, {
             "model": self.base, "tasks": str(self.out / "tasks" / "train.jsonl"), "epochs": c.sft_epochs,
-            "lr": c.sft_lr, "seed": c.seed, "checkpoint_every": 5, "keep_checkpoints": 10_000, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
+            "lr": c.sft_lr, "seed": c.seed, "time_limit_s": c.sft_share * c.minutes * 60 if c.sft_share is not None else None,
+            "checkpoint_every": 5, "keep_checkpoints": 10_000, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
             "sources.drill": 1.0 if n_drills else 0.0,
             **({"sources.drill_tasks": str(drills)} if n_drills else {})})
         res = run_sft(cfg, self.out / "sft")
@@ -359,7 +363,11 @@ class Specialise:
         dest = self.out / "adapter"
         tmp = self.out / ".adapter-tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(chosen, tmp, ignore=shutil.ignore_patterns("optimizer*", "rng*", "state.json"))
+        # the artefact is the adapter alone: no optimizer state, no tokenizer (its base has one),
+        # weights in bf16 (what serving samples in; half the fp32 bytes)
+        shutil.copytree(chosen, tmp, ignore=shutil.ignore_patterns("optimizer*", "rng*", "state.json", "tokenizer*",
+                                                                   "chat_template*", "special_tokens*", "README.md"))
+        _to_bf16(tmp / "adapter_model.safetensors")
         acfg = json.loads((tmp / "adapter_config.json").read_text())
         acfg["base_model_name_or_path"] = self.base  # what `etude serve` and vLLM load it on
         (tmp / "adapter_config.json").write_text(json.dumps(acfg, indent=2))
@@ -425,12 +433,21 @@ class Specialise:
         name = f"{self.cfg.org}-spec-{digest[:10]}"
         try:
             cp = registry.get_checkpoint(store, name)
-        except Exception:  # noqa: BLE001 - not registered yet
+        except NotFound:  # not registered yet
             cp = registry.register_checkpoint(
                 store, name, str(self.out / "adapter"), org=self.cfg.org, state="candidate",
                 meta={"base": self.base, "kind": "specialised", "report": str(self.out / "report.json"),
                       "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
         return {"name": cp.name, "state": cp.state}, f"registered {cp.name} as {self.cfg.org}'s candidate"
+
+
+def _to_bf16(path: Path) -> None:
+    """Rewrite a safetensors file with its floating-point tensors in bfloat16."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _dir_digest(d: Path) -> str:

@@ -47,7 +47,10 @@ class Stages:
         self.records: list[StageRecord] = []
         cfg = jsonable(config)
         self.state: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        if self.state.get("config") not in (None, cfg):
+        old = self.state.get("config")
+        if isinstance(old, dict):  # a field added since, left unset (None), does not make it another run
+            cfg = {k: v for k, v in cfg.items() if k in old or v is not None}
+        if old not in (None, cfg):
             self.con.print(f"[yellow]{self.out} holds a run with another configuration: starting over[/yellow]")
             self.path.replace(self.path.with_name("state.before.json"))
             self.state = {}

@@ -210,7 +210,7 @@ def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str
 
 def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Progress | None = None) -> list[Task]:
     """`package_curriculum` for a local repository's working tree (a git repository): cached by
-    the tree's content, so an edit to the repository builds anew."""
+    its path and the tree's content, so an edit to the repository (or a copy elsewhere) builds anew."""
     import hashlib
     import subprocess
 
@@ -221,7 +221,8 @@ def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Pro
     if r.returncode != 0:
         raise EtudeError(f"{root}: not a git repository")
     st = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout
-    key = hashlib.sha256((r.stdout + st).encode()).hexdigest()[:12]
+    # the tasks name the repository's path (setup.repo_dir): the same tree elsewhere is built anew
+    key = hashlib.sha256((str(root) + "\n" + r.stdout + st).encode()).hexdigest()[:12]
     d = cache() / "curriculum" / CURRICULUM_VERSION
     d.mkdir(parents=True, exist_ok=True)
     f = d / f"repo-{root.name}-{key}-L{level}-s{seed}-n{n}.jsonl"

@@ -114,6 +114,10 @@ class SFTConfig:
     """Save weights + optimizer + cursor every this many steps (and at the end)."""
     keep_checkpoints: int = 2
     """Checkpoints kept on disk (the oldest go first); a budget curve keeps them all."""
+    time_limit_s: float | None = None
+    """Stop training after the step that ends past this many wall seconds of this invocation
+    (gathering included), then save and export as at the last step (the learning rate is then
+    cut off mid-schedule). None: every step."""
     expert_workers: int = 2
     """Episodes run at once while gathering expert trajectories."""
     threads: int | None = None
@@ -652,7 +656,10 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
         last: dict[str, Any] = {}
         try:
             t_train = time.time()
+            done = state["step"]
             for step in range(state["step"], steps):
+                if cfg.time_limit_s is not None and step > state["step"] and time.time() - t0 >= cfg.time_limit_s:
+                    break  # the budget is spent: save and export this step below
                 batch = order[step * cfg.batch_sequences:(step + 1) * cfg.batch_sequences]
                 ts = time.time()
                 rec = trainer.step(batch, lr_at(cfg, step, steps))
@@ -661,16 +668,18 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
                 metrics.write(rec)
                 last = rec
                 bar.update(job, completed=step + 1, info=f"loss {rec['loss']:.3f}")
+                done = step + 1
                 if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < steps:
                     trainer.save(step + 1, {"steps": steps})
             train_s = time.time() - t_train
         finally:
             metrics.close()
-    if steps:
-        trainer.save(steps, {"steps": steps})
+    if done:
+        trainer.save(done, {"steps": steps})
     final = trainer.export()
     summary = {
-        "out": str(out), "final": str(final), "steps": steps, "resumed_from_step": state["step"] or None,
+        "out": str(out), "final": str(final), "steps": done, "planned_steps": steps,
+        "resumed_from_step": state["step"] or None,
         "sequences": {s: len(v) for s, v in seqs.items()}, "trajectories": {s: len(v) for s, v in pools.items()},
         "dropped_too_long": dropped, "train_tokens": sum(len(s.ids) for s in order),
         "loss_tokens": sum(s.loss_tokens for s in order), "last": last,
