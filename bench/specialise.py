@@ -167,6 +167,11 @@ def main() -> None:
             "general-base": out / "eval-general-base", "general-adapter": out / "eval-general-adapter"}
     figures = {**paired_figures("heldout", "heldout-base", "heldout-adapter"),
                **paired_figures("general", "general-base", "general-adapter")}
+    for side in ("heldout", "general"):  # behaviour: episodes that changed the repository at all
+        figures[f"{side}.edited"] = {"kind": "paired", "a": {"arm": f"{side}-base"}, "b": {"arm": f"{side}-adapter"},
+                                     "key": "task", "field": "edited"}
+        figures[f"{side}.tool_use"] = {"kind": "paired", "a": {"arm": f"{side}-base"},
+                                       "b": {"arm": f"{side}-adapter"}, "key": "task", "field": "tool_use"}
     for p in points:
         if p["run"] != "eval-heldout-adapter":
             arm_name = "heldout-" + p["run"].removeprefix("eval-heldout-")

@@ -51,7 +51,7 @@ def paired_table(base_run: Path, new_run: Path, names: tuple[str, str] = ("base"
 def eval_records(runs: dict[str, Path]) -> list[dict[str, Any]]:
     """Per-episode records of evaluations (arm name -> run folder), in the flat form that
     etude.evals.results.write_result takes: arm, task, resolved, tool_use (a well-formed call),
-    tokens. Runs that do not exist are left out."""
+    edited (a non-empty diff), tokens. Runs that do not exist are left out."""
 
     out: list[dict[str, Any]] = []
     for arm_name, run in runs.items():
@@ -64,6 +64,7 @@ def eval_records(runs: dict[str, Path]) -> list[dict[str, Any]]:
             out.append({"arm": arm_name, "task": r["instance_id"], "sample": r.get("sample", 0),
                         "resolved": int(bool(r.get("resolved")) and ok),
                         "tool_use": int(ok and int(eff.get("calls_well_formed", 0) or 0) > 0),
+                        "edited": int(ok and bool(r.get("diff"))),  # the episode changed the repository
                         "tokens": eff.get("tokens")})
     return out
 
