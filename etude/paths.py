@@ -6,10 +6,12 @@ import os
 from pathlib import Path
 
 
-def home() -> Path:
-    """State: the default SQLite database, keys, registry (ETUDE_HOME, default ~/.etude)."""
+def home(create: bool = True) -> Path:
+    """State: the default SQLite database, keys, registry (ETUDE_HOME, default ~/.etude); made
+    unless `create` is false (a caller that only looks)."""
     p = Path(os.environ.get("ETUDE_HOME", Path.home() / ".etude"))
-    p.mkdir(parents=True, exist_ok=True)
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
     return p
 
 

@@ -43,7 +43,7 @@ from rich.console import Console
 from etude.errors import EtudeError, NotFound
 from etude.evals import EvalConfig, run_eval
 from etude.evals.runner import resolve_suite
-from etude.paths import cache
+from etude.paths import home
 from etude.pipeline.compare import paired_table
 from etude.pipeline.report import write_specialise_report
 from etude.pipeline.split import FunctionSplit, check_disjoint, split_by_function, touched_functions
@@ -173,7 +173,7 @@ def check_base(base: str | None, org: str) -> str:
 
     url = os.environ.get("ETUDE_DB") or ""
     if not url:  # the default SQLite file; its absence means no registry (and nothing is created)
-        db = Path(os.environ.get("ETUDE_HOME", Path.home() / ".etude")) / "etude.db"
+        db = home(create=False) / "etude.db"
         if not db.is_file():
             return "smollm2"
         url = f"sqlite:///{db}"
@@ -209,21 +209,10 @@ def example_org_repo(dest: Path) -> Path:
 
 def check_packages(repos: Sequence[str]) -> None:
     """Fetch every NAME==VERSION's sdist now, so an unknown package or version is one line before
-    anything is written (a failed fetch leaves no trace in the cache)."""
-
+    anything is written (a failed fetch leaves no folder in the cache: etude.tasks.fetch)."""
     for spec in repos:
-        if "==" not in spec:
-            continue
-        name, ver = parse_spec(spec)
-        d = cache() / "sdists" / f"{normalise(name)}-{ver}"
-        new = not d.exists()
-        try:
-            fetch_sdist(name, ver)
-        except EtudeError:
-            if new:
-                shutil.rmtree(d, ignore_errors=True)
-                d.with_name(d.name + ".lock").unlink(missing_ok=True)
-            raise
+        if "==" in spec:
+            fetch_sdist(*parse_spec(spec))
 
 
 def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]:

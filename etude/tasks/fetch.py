@@ -154,10 +154,17 @@ def locked(path: Path) -> Iterator[None]:
 
 def fetch_sdist(package: str, version: str, sha256: str | None = None) -> Sdist:
     """Download (or reuse from cache) and unpack NAME==VERSION's sdist. With `sha256` the archive
-    must match it; either way it must match the hash PyPI's index publishes."""
+    must match it; either way it must match the hash PyPI's index publishes. A first fetch that
+    fails (an unknown package or version, a hash mismatch) leaves no folder behind."""
     d = cache() / "sdists" / f"{normalise(package)}-{version}"
     with locked(d.with_name(d.name + ".lock")):
-        return _fetch(package, version, sha256, d)
+        new = not (d / "meta.txt").is_file()
+        try:
+            return _fetch(package, version, sha256, d)
+        except EtudeError:
+            if new:
+                shutil.rmtree(d, ignore_errors=True)
+            raise
 
 
 def _fetch(package: str, version: str, sha256: str | None, d: Path) -> Sdist:
