@@ -47,13 +47,14 @@ from typing import Any
 from etude.errors import EtudeError, NotFound
 from etude.evals import CompareConfig, EvalConfig, compare, run_eval
 from etude.evals.runner import resolve_suite
-from etude.experiments import ABConfig, Guardrail, analyze
+from etude.experiments import analyze
 from etude.harness import HarnessConfig
 from etude.loop.config import LoopConfig
 from etude.loop.decision import decide, gate_status, gated, inconclusive_reason
 from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 from etude.loop.population import make_population, repo_of
+from etude.loop.readout import ab_config
 from etude.loop.server import running_server
 from etude.loop.state import STAGES, CycleState
 from etude.loop.training import episodes_jsonl, export_merged, is_adapter, train_candidate
@@ -382,10 +383,8 @@ class _Cycle:
         c = self.cfg.canary
         facts = interaction_facts(self.store, self.cfg.org, exp_id)
         rows = ab_rows(facts)
-        cfg = ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power,
-                       guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
         arms = {r["arm"] for r in rows}
-        ab = analyze(rows, cfg) if arms == {"control", "treatment"} else None
+        ab = analyze(rows, ab_config(self.cfg)) if arms == {"control", "treatment"} else None
         plan = c.plan()
         if ab is not None and plan is not None:
             ab["plan"] = plan.to_dict()
