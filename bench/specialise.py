@@ -36,6 +36,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"heldout_gain_points": 0.10, "heldout_mcnemar_p": 0.05, "whole_run_minutes": 60, "adapter_mib": 20}
 
 
+# what a curve point's evaluation reads besides its SFT checkpoint (etude.pipeline.stages)
+EVAL_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "heldout_fraction", "select_fraction",
+             "heldout_per_function", "min_heldout", "base", "agent_config", "backend", "sft_epochs", "sft_lr",
+             "lora_r", "lora_alpha", "sft_share")
+
+
 def sft_checkpoints(out: Path) -> list[tuple[int, Path, float]]:
     """(step, adapter checkpoint, cumulative training seconds) of every SFT checkpoint kept."""
     steps = {int(m.group(1)): p for p in (out / "sft" / "checkpoints").glob("step-*")
@@ -73,7 +79,7 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
         merged = merge_adapter_dir(path, sp.base, out / "curve" / f"sft-{step}-merged")
         name = f"eval-heldout-sft-{step}"
         sp.stages.run(f"curve: SFT step {step}", lambda m=merged, n=name: sp.evaluate(
-            out / "tasks" / "heldout.jsonl", str(m), n))
+            out / "tasks" / "heldout.jsonl", str(m), n), uses=EVAL_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {step}/{total} steps", "train_s": secs, "run": name})
     sft_s = rep["stages"]["3. SFT (LoRA)"]["seconds"]
     rl_s = rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0)
@@ -81,7 +87,8 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
         merged = out / "merged-sft"
         merge_adapter_dir(sp.stages.result("3. SFT (LoRA)")["adapter"], sp.base, merged)
         sp.stages.run("curve: SFT final", lambda: sp.evaluate(out / "tasks" / "heldout.jsonl", str(merged),
-                                                              "eval-heldout-sft-final"))
+                                                              "eval-heldout-sft-final"),
+                      uses=EVAL_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {total}/{total} steps", "train_s": sft_s, "run": "eval-heldout-sft-final"})
     points.append({"point": f"shipped ({chosen['why']})", "train_s": sft_s + (0.0 if sft_final else rl_s),
                    "run": "eval-heldout-adapter"})
@@ -192,7 +199,7 @@ def main() -> None:
         "plots": plot(rep, points, res / "specialise"),
     }
     prov = provenance(seeds={"split": a.seed, "curriculum": a.seed, "drills": a.seed + 7}, started=t0,
-                      stages=sp.stages.times())
+                      stages={**rep["stages"], **sp.stages.times()})
     write_result(res / "specialise.json", figures, eval_records(arms), prov, meta=meta)
     print(json.dumps({"heldout": meta["heldout"], "no_regression": g["no_regression"],
                       "curve": [(p["point"], p["resolved"], p["mcnemar_p_holm"]) for p in points]}, default=str))

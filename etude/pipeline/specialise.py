@@ -380,8 +380,7 @@ class Specialise:
     def general_suite(self) -> Path:
 
         f = self.out / "tasks" / "general.jsonl"
-        if not f.is_file():
-            _save(resolve_suite(self.cfg.general, self.cfg.general_tasks), f)
+        _save(resolve_suite(self.cfg.general, self.cfg.general_tasks), f)  # cheap; follows a changed config
         return f
 
     # -- 7. report
@@ -455,21 +454,33 @@ def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dic
     st = sp.stages
     sp.con.print(f"[bold]etude specialise[/bold] — org {cfg.org}, base {sp.base}, {sp.backend} episodes, "
                  f"budget {cfg.minutes:g} min, output in {sp.out}")
-    st.run("1. tasks", sp.tasks)
-    st.run("2. split", sp.split)
+    # what each stage reads (config fields, earlier stages): a rerun with another budget keeps the
+    # tasks, the split and the base model's evaluations (etude.pipeline.stages)
+    build = ("repos", "tasks_per_repo", "drills_per_repo", "seed")
+    split = build + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
+    sft_uses = split + ("base", "agent_config", "sft_epochs", "sft_lr", "lora_r", "lora_alpha", "sft_share") + (
+        ("minutes",) if cfg.sft_share is not None else ())
+    episodes = ("agent_config", "backend")
+    st.run("1. tasks", sp.tasks, uses=build)
+    st.run("2. split", sp.split, uses=split, after=("1. tasks",))
     t_train = time.monotonic()
-    sft = st.run("3. SFT (LoRA)", sp.sft)
+    sft = st.run("3. SFT (LoRA)", sp.sft, uses=sft_uses, after=("2. split",))
     spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
-    rl = st.run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent))
-    st.run("5. choose", lambda: sp.choose(sft, rl))
-    st.run("6a. held-out, base", lambda: sp.evaluate(sp.out / "tasks" / "heldout.jsonl", sp.base, "eval-heldout-base"))
-    st.run("6b. held-out, adapter", lambda: sp.evaluate(sp.out / "tasks" / "heldout.jsonl", str(sp.out / "merged"),
-                                                        "eval-heldout-adapter"))
+    rl = st.run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent),
+                uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
+    st.run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
+    heldout = sp.out / "tasks" / "heldout.jsonl"
+    st.run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
+           uses=split + episodes + ("base",), after=("2. split",))
+    st.run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter"),
+           uses=split + episodes, after=("2. split", "5. choose"))
     gen = sp.general_suite()
-    st.run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"))
-    st.run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"))
+    general = episodes + ("general", "general_tasks")
+    st.run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"), uses=general + ("base",))
+    st.run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"),
+           uses=general, after=("5. choose",))
     rep = st.run("7. report", sp.report, resumable=False)
     if cfg.register:
-        rep["registered"] = st.run("8. register", sp.register)
+        rep["registered"] = st.run("8. register", sp.register, uses=("org", "db"), after=("5. choose",))
     return rep
 
