@@ -76,14 +76,39 @@ def suite_hash(tasks: Sequence[Task]) -> str:
     return h.hexdigest()[:16]
 
 
+def model_sha256(model: str) -> str | None:
+    """sha256 of a local model directory's weight files (names and bytes), None for anything
+    else (a registry name, an URL): a path alone does not say which weights it held, and a
+    pipeline that rewrites OUT/merged must not resume an evaluation of the earlier weights."""
+    d = Path(model)
+    files = sorted(f for f in d.glob("*") if f.suffix in (".safetensors", ".bin")) if d.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_model_sha256(out: str | Path) -> str | None:
+    """The weights digest an evaluation in `out` was run with (None: none recorded)."""
+    path = Path(out) / MANIFEST
+    return json.loads(path.read_text()).get("model_sha256") if path.is_file() else None
+
+
 def _manifest(out: Path, tasks: list[Task], model: str, cfg: EvalConfig) -> dict[str, Any]:
     """Write run.json, or check a resumed run matches the one already in `out`."""
-    new = {"model": model, "suite_sha256": suite_hash(tasks), "instance_ids": [t.instance_id for t in tasks],
-           "samples": cfg.samples, "config": cfg.to_dict()}  # fmt: skip
+    new = {"model": model, "model_sha256": model_sha256(model), "suite_sha256": suite_hash(tasks),
+           "instance_ids": [t.instance_id for t in tasks], "samples": cfg.samples, "config": cfg.to_dict()}  # fmt: skip
     path = out / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())
-        for k in ("model", "suite_sha256"):
+        for k in ("model", "suite_sha256", "model_sha256"):
+            if k == "model_sha256" and (old.get(k) is None or new[k] is None):
+                continue  # a run recorded before digests (or a model that is not a directory)
             if old.get(k) != new[k]:
                 raise EtudeError(f"{out} holds a run with {k}={old.get(k)!r}, not {new[k]!r}; use another --out")
         new["created"] = old.get("created")

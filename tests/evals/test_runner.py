@@ -59,3 +59,24 @@ def test_bad_model_spec_fails_before_anything_is_written(tmp_path):
         cfg = EvalConfig(executor="threads", progress=False)
         run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", cfg)
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_resume_refuses_the_same_path_holding_other_weights(tmp_path):
+    """A pipeline rewrites OUT/merged when it chooses another adapter: an evaluation in a folder
+    must not resume under the same model path with different weights."""
+    from etude.evals.runner import _manifest, manifest_model_sha256, model_sha256
+
+    model = tmp_path / "merged"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"first weights")
+    out = tmp_path / "run"
+    out.mkdir()
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
+    tasks = [broken_task(tmp_path)]
+    _manifest(out, tasks, str(model), cfg)
+    assert manifest_model_sha256(out) == model_sha256(str(model)) is not None
+    _manifest(out, tasks, str(model), cfg)  # the same weights resume
+    (model / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(EtudeError, match="model_sha256"):
+        _manifest(out, tasks, str(model), cfg)
+    assert model_sha256("noop") is None  # not a directory: no digest, the name alone decides
