@@ -235,7 +235,7 @@ class ExpertPolicy:
         return grep, reads
 
     def _drill(self, template: Path) -> list[list[ToolCall] | str]:
-        """A fix drill (see `drill_trajectories` in etude.train.sft): grep for the function, read it
+        """A fix drill (see `drill_trajectories` in etude.envs.sources): grep for the function, read it
         window by window, make the gold edit, answer. Nothing runs the tests, so the answer turn is
         untrained (it would claim a pass nobody saw); what is learnt is locate, read, edit."""
         hunk, _, edit, func, bug_line, span = self._site(template)

@@ -3,7 +3,7 @@ and bench/fix_probe.py).
 
 Stop 25's fix probe (bench/fix_probe.py) found where the SFT models lose held-out tasks: with the
 buggy function on screen they rarely write the right edit. This env trains that one step. A
-problem is a fix drill's conversation (`etude.train.sft.drill_trajectories`: grep for the
+problem is a fix drill's conversation (`etude.envs.sources.drill_trajectories`: grep for the
 function, read it window by window, all through the real harness and tools) up to the edit
 turn; the policy writes that turn and is scored by what the edit would do to the file:
 
@@ -39,10 +39,10 @@ from typing import Any
 
 from etude import paths
 from etude.envs.expert import gold_hunk, unique_old_str
+from etude.envs.sources import drill_trajectories
 from etude.harness import HarnessConfig
 from etude.tasks.repo import prepare_repo
 from etude.toolcalls import parse_hermes
-from etude.train.sft import drill_trajectories
 from etude.types import Task
 
 REWARDS = {"right_fix": 1.0, "on_bug_line": 0.3, "edits": 0.1, "well_formed": 0.0, "malformed": -0.2}
