@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from etude.envs.families import make_env
 from etude.policy.local import LocalPolicy
 from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
 from etude.raycluster import connect, ray_module
 from etude.train.config import TrainConfig
-from etude.train.envs import make_env
 from etude.train.learner import apply_state, build_model
 from etude.types import Episode, Problem
 
