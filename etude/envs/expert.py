@@ -48,6 +48,7 @@ from typing import Any
 
 from etude.envs.episode import TEST_COMMAND
 from etude.harness.prompt import render_tool_calls_text
+from etude.protocols import NativeToolsPolicy
 from etude.types import Generation, Message, Task, ToolCall
 
 _AST_LOCK = threading.Lock()
@@ -169,7 +170,7 @@ SUBMIT_ANSWERS = (  # no code quoted inside the JSON string (see the module doc)
 )
 
 
-class ExpertPolicy:
+class ExpertPolicy(NativeToolsPolicy):
     """A `Policy` that follows a plan for one task (see the module doc)."""
 
     native_tools = False
