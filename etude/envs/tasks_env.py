@@ -1,7 +1,7 @@
 """`TasksEnv`: repository tasks as an RL environment (`protocols.Env`) — multi-turn episodes
 through the harness and the sandbox (`run_episode`), graded in a clean copy and scored by
 `etude.rewards.score` under the `rewards` table (`[env.rewards]`: weights, budgets, flag policy;
-defaults when absent). The single-turn families live in `etude.train.envs`.
+defaults when absent). The single-turn families live in `etude.envs.families`.
 
 Tasks come from `tasks_file`: a JSONL, or `builtin:curriculum:SPLIT[:LEVEL]` (the curriculum's
 package-disjoint split), or, when unset, the built-in suite. Evaluation uses `eval_tasks_file`

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etude.configfile import apply_overrides, build, read_toml
+from etude.configfile import build, load_with
 from etude.errors import EtudeError
 from etude.experiments.power import plan, tau_rel_for
 from etude.loop.metrics import METRICS
@@ -318,16 +318,12 @@ class LoopConfig:
             if not isinstance(top["orgs"], dict):
                 raise EtudeError("[orgs] must be a table of [orgs.NAME] tables")
             top["orgs"] = {name: _section(OrgSection, o, f"orgs.{name}") for name, o in top["orgs"].items()}
-        return _build(cls, top, "loop")
+        return build(cls, top, "loop")
 
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> LoopConfig:
         """From a TOML file, `overrides` (dotted keys, e.g. "train.steps") applied on top; errors name the file."""
-        data = apply_overrides(read_toml(path, "loop config"), overrides)
-        try:
-            return cls.from_dict(data)
-        except EtudeError as e:
-            raise EtudeError(f"{path}: {e}") from None
+        return load_with(cls.from_dict, path, "loop config", overrides=overrides)
 
 
 def _section(typ: Any, d: Any, where: str) -> Any:
@@ -335,16 +331,13 @@ def _section(typ: Any, d: Any, where: str) -> Any:
         raise EtudeError(f"[{where}] must be a table")
     d = dict(d)
     if where == "canary" and "guardrails" in d:
-        d["guardrails"] = tuple(_build(GuardrailSpec, g, "canary.guardrails") for g in d["guardrails"])
+        d["guardrails"] = tuple(build(GuardrailSpec, g, "canary.guardrails") for g in d["guardrails"])
     if where == "alarms" and "rules" in d:
-        d["rules"] = tuple(_build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
+        d["rules"] = tuple(build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
     if where == "canary" and "weights" in d:
         d["weights"] = tuple(float(w) for w in d["weights"])
     for key in ("repos", "lora_target_modules"):
         if key in d and isinstance(d[key], list):
             d[key] = tuple(str(x) for x in d[key])
-    return _build(typ, d, where)
+    return build(typ, d, where)
 
-
-def _build(typ: Any, d: Any, where: str) -> Any:
-    return build(typ, d, where)  # the one loader's checks (etude.configfile)

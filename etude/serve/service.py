@@ -22,6 +22,7 @@ from etude.errors import EtudeError, NotFound
 from etude.feedback.followup_model import EmbeddingFollowupClassifier, classify
 from etude.harness import parse_output
 from etude.policy.batcher import Batcher, Job
+from etude.protocols import native_tools
 from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
@@ -125,7 +126,7 @@ class ChatService:
 
     def _job(self, batcher: Batcher, messages: list[Message], tools: list[dict[str, Any]], s: Sampling) -> Job:
         pol = batcher.policy
-        prompt_msgs = messages if getattr(pol, "native_tools", False) else with_tools_prompt(messages, tools)
+        prompt_msgs = messages if native_tools(pol) else with_tools_prompt(messages, tools)
         ids = None
         if batcher.by_ids:
             try:
