@@ -33,8 +33,8 @@ import hashlib
 import secrets
 import shutil
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
