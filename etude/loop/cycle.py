@@ -391,10 +391,13 @@ class _Cycle:
         salt = hashlib.sha256(f"{exp_id}:{self.cfg.seed}".encode()).hexdigest()[:16]
         registry.set_experiment(self.store, exp_id, [("control", self.prod["name"], c.weights[0]),
                                                      ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
+        if not out["readouts"]:  # the plan is on /dashboard before the first user arrives
+            self._publish(exp_id, {"ab": None, "arm_ratios": {}, "alarms": []}, None, None, "no canary traffic yet")
         while out["rounds"] < c.rounds:
             self._traffic("canary", out["rounds"])
             rd = self._readout(exp_id)
             verdict, reason = decide(rd, c) if out["rounds"] + 1 >= c.min_rounds else (None, "min_rounds not reached")
+            self._publish(exp_id, rd, out["rounds"] + 1, verdict, reason)
             out["readouts"].append({"round": out["rounds"], "decision": verdict, "reason": reason,
                                     "users": rd["ab"].get("users") if rd["ab"] else None})
             self.state.progress("canary", rounds=out["rounds"] + 1)
@@ -413,6 +416,15 @@ class _Cycle:
             ab["plan"] = plan.to_dict()
         ratios = arm_ratios(facts)
         return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
+
+    def _publish(self, exp_id: str, rd: dict[str, Any], rnd: int | None, decision: str | None, reason: str) -> None:
+        """Record the readout the loop decides on in the store, where `etude serve`'s /dashboard
+        reads it (the server has no loop config, and etude.serve may not import etude.loop)."""
+        plan = self.cfg.canary.plan()
+        registry.record_readout(self.store, exp_id, {
+            "round": rnd, "rounds": self.cfg.canary.rounds, "ab": rd["ab"], "plan": plan.to_dict() if plan else None,
+            "primary": self.cfg.canary.primary, "arm_ratios": rd["arm_ratios"], "alarms": rd["alarms"],
+            "decision": decision, "reason": reason, "cycle": self.index})
 
     def stage_readout(self) -> None:
         exp_id = self.state.stage("canary")["outputs"]["experiment"]

@@ -9,7 +9,8 @@ reads the registry on every request, so a rollback takes effect on the next requ
 
 An experiment (per scope, at most one active) splits `auto` traffic over arms by weight; see
 `router.py` for how users are assigned. What the loop calls: `register_checkpoint`,
-`set_experiment`, `promote`, `rollback`, `stop_experiment`, and `SQLStore.interactions(arm=...)`.
+`set_experiment`, `promote`, `rollback`, `stop_experiment`, `record_readout` (the A/B readout it
+decided on, which `etude serve`'s /dashboard shows), and `SQLStore.interactions(arm=...)`.
 
 A checkpoint's weights never change under its name. For a LoRA adapter directory (small) the
 registry records the sha256 of its files at registration (`meta["sha256"]`), and the server's
@@ -30,6 +31,7 @@ route: promotion of another, rollback, set_state) stops the experiments that rou
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import shutil
 import time
@@ -391,3 +393,33 @@ def _stop_experiments_using(conn: sa.Connection, name: str) -> None:
     for r in conn.execute(sa.select(t.experiments).where(x.status == "active")).all():
         if any(a["checkpoint"] == name for a in r.arms):
             conn.execute(t.experiments.update().where(x.id == r.id).values(status="stopped", updated_at=time.time()))
+
+
+# -- readouts -------------------------------------------------------------------------------
+def record_readout(store: SQLStore, exp_id: str, readout: dict[str, Any]) -> None:
+    """Keep one readout of an experiment (the loop records each it decides on). Non-finite
+    numbers are stored as null (JSON has none)."""
+    exp = get_experiment(store, exp_id)
+    with store.write() as conn:
+        conn.execute(t.experiment_readouts.insert().values(experiment_id=exp_id, org_id=exp.org_id, at=time.time(),
+                                                           readout=_finite(readout)))
+
+
+def latest_readout(store: SQLStore, exp_id: str) -> dict[str, Any] | None:
+    """{"at": epoch seconds, "readout": {...}} of the newest recorded readout, or None."""
+    r = t.experiment_readouts.c
+    with store.read() as conn:
+        row = conn.execute(sa.select(r.at, r.readout).where(r.experiment_id == exp_id).order_by(r.id.desc())).first()
+    return None if row is None else {"at": row.at, "readout": dict(row.readout)}
+
+
+def _finite(x: Any) -> Any:
+    if type(x).__module__ == "numpy" and hasattr(x, "item"):  # numpy scalars (analyze's figures)
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
