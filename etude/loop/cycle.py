@@ -116,6 +116,7 @@ class CycleReport:
             "ab": out("readout").get("ab"), "arm_ratios": out("readout").get("arm_ratios"),
             "alarms": out("readout").get("alarms"),
             "plan": self.state.get("plan"), "basis": out("decide").get("basis"),
+            "primary": ((self.state.get("config") or {}).get("canary") or {}).get("primary"),
             "decision": out("decide").get("decision"), "reason": out("decide").get("reason"),
             "production_after": out("decide").get("production"), "wall_s": self.wall_s,
         }
