@@ -83,7 +83,11 @@ class ChatService:
         iid = new_id("chatcmpl")
         session_id = session or iid  # no session header: the request is a session of its own
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
-        batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        try:
+            batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        except EtudeError as e:  # e.g. an adapter rewritten since registration: one line, nothing logged
+            raise ApiError(503, f"checkpoint {route.checkpoint.name} cannot be served: {e}",
+                           code="checkpoint_unavailable") from None
         if batcher.waiting() >= self.cfg.max_queue:
             raise ApiError(429, f"{route.checkpoint.name} has {batcher.waiting()} requests waiting; retry shortly",
                            code="server_busy")
