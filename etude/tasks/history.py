@@ -69,13 +69,14 @@ class HistoryConfig:
     """Requirements the tests need beyond what the project declares."""
 
 
-def _git_env() -> dict[str, str]:
+def git_env() -> dict[str, str]:
+    """The environment without the variables that would point git at another repository."""
     drop = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], env=_git_env(), capture_output=True, text=True,
+    proc = subprocess.run(["git", "-C", str(repo), *args], env=git_env(), capture_output=True, text=True,
                           errors="surrogateescape")  # fmt: skip
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["git failed"]
@@ -88,7 +89,7 @@ def check_repo(repo: Path) -> Path:
     if not repo.is_dir():
         raise EtudeError(f"not a git repository (not a directory): {repo}")
     top = repo.resolve()
-    env = dict(_git_env(), GIT_CEILING_DIRECTORIES=str(top.parent))
+    env = dict(git_env(), GIT_CEILING_DIRECTORIES=str(top.parent))
     proc = subprocess.run(["git", "-C", str(top), "rev-parse", "--show-toplevel"], env=env, capture_output=True,
                           text=True)  # fmt: skip
     if proc.returncode != 0 or Path(proc.stdout.strip()).resolve() != top:
@@ -101,7 +102,7 @@ def commits(repo: Path, since: str | None, until: str) -> list[tuple[str, list[s
     no commit."""
     for rev in [r for r in (since, until) if r]:
         proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "--end-of-options",
-                               f"{rev}^{{commit}}"], env=_git_env(), capture_output=True, text=True)  # fmt: skip
+                               f"{rev}^{{commit}}"], env=git_env(), capture_output=True, text=True)  # fmt: skip
         if proc.returncode != 0:
             raise EtudeError(f"{rev!r} names no commit in {repo}")
     spec = f"{since}..{until}" if since else until
@@ -209,6 +210,7 @@ class CommitOutcome:
     outcome: str  # "kept" or the skip reason
     build_s: float | None = None  # exporting the trees, the snapshot and the test environment
     validate_s: float | None = None  # the test runs at the commit and at the parent
+    task: Task | None = None  # the kept task (so a caller can save each as it comes)
 
 
 @dataclass(frozen=True)
@@ -355,8 +357,9 @@ def mine_history(repo: Path, cfg: HistoryConfig | None = None, progress: Progres
             else:
                 tasks.append(result)
             if on_commit is not None:
-                on_commit(CommitOutcome(sha, result if isinstance(result, str) else "kept",
-                                        times.get("build_s"), times.get("validate_s")))  # fmt: skip
+                kept = None if isinstance(result, str) else result
+                on_commit(CommitOutcome(sha, "kept" if kept else str(result), times.get("build_s"),
+                                        times.get("validate_s"), kept))  # fmt: skip
     finally:
         _discard(created, tasks)
     if not tasks:
