@@ -11,7 +11,8 @@ mined in WORK is not mined again):
     python bench/history.py finish --src /path/to/clones --work runs/history
     # 2. write bench/results/history.json (+ records) and etude/tasks/history_manifest.json, and
     #    put the mined tasks into this machine's cache as the build of builtin:history
-    python bench/history.py report --src /path/to/clones --work runs/history --install
+    python bench/history.py report --src /path/to/clones --work runs/history --install --manifest \
+        [--oracle RUN]  # RUN: etude eval --model oracle of the mined tasks; what it cannot resolve is left out
     # 3. (optional, heavy) resolved rates: `etude eval --suite builtin:history` per model
     python bench/history.py report --work runs/history --models base=PATH,warm=PATH,spec=PATH
 
@@ -37,6 +38,7 @@ from typing import Any
 
 from etude.evals.results import write_result
 from etude.provenance import provenance
+from etude.tasks.fetch import normalise
 from etude.tasks.history import CommitOutcome, HistoryConfig, mine_history, summary
 from etude.tasks.history_suite import MANIFEST, HistoryEntry, HistoryRepo, install, write_manifest
 from etude.tasks.schema import load_tasks, save_tasks, task_to_dict
@@ -131,39 +133,62 @@ def mine_one(src: Source, clone: Path, work: Path) -> None:
     print(f"[{src.name}] {summary(len(tasks) + sum(skipped.values()), len(tasks), skipped)}", file=sys.stderr)
 
 
-def finish_one(src: Source, clone: Path, work: Path) -> None:
-    """Close a repository whose mining was stopped part way: its tasks are the kept commits of its
-    records (from the tasks saved as they came, else each kept commit validated again) and its
-    range is marked `interrupted` (the commits past the last record were not scanned)."""
+def finish_one(src: Source, clone: Path, work: Path, revalidate: bool) -> None:
+    """Close a repository whose mining was stopped part way: its range is marked `interrupted` (the
+    commits past the last record were not scanned); its tasks file holds the tasks saved as they
+    came, plus, with `revalidate`, each other kept commit validated again. A kept commit without a
+    task still enters the manifest (from its record): builtin:history validates every commit again
+    on first use anyway."""
     rows = _read_records(work / f"{src.name}.records.jsonl")
     part = work / f"{src.name}.tasks.partial.jsonl"
     have = {t.meta["commit"]: t for t in load_tasks(part)} if part.is_file() else {}
-    tasks = []
     for r in rows:
-        if r["kept"] and r["commit"] not in have:
+        if revalidate and r["kept"] and r["commit"] not in have:
             cfg = HistoryConfig(since=f"{r['commit']}^", until=r["commit"], extra_deps=src.extra_deps)
             have.update({t.meta["commit"]: t for t in mine_history(clone, cfg)[0]})
-        if r["kept"] and r["commit"] in have:
-            tasks.append(have[r["commit"]])
+    tasks = [have[r["commit"]] for r in rows if r["kept"] and r["commit"] in have]
     save_tasks(tasks, work / f"{src.name}.tasks.jsonl")
     until = _sha(clone, src.until)
-    info = {"since": _since(clone, until, src.commits) or "", "until": until, "wall_s": None, "kept": len(tasks),
-            "interrupted": True, "last_scanned": rows[-1]["commit"] if rows else None}  # fmt: skip
+    info = {"since": _since(clone, until, src.commits) or "", "until": until, "wall_s": None,
+            "kept": sum(r["kept"] for r in rows), "interrupted": True,
+            "last_scanned": rows[-1]["commit"] if rows else None}  # fmt: skip
     (work / f"{src.name}.json").write_text(json.dumps(info, indent=1) + "\n")
-    print(f"[{src.name}] finished: {len(tasks)} of {sum(r['kept'] for r in rows)} kept commits", file=sys.stderr)
+    print(f"[{src.name}] finished: {len(tasks)} task(s) of {info['kept']} kept commits", file=sys.stderr)
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def history_repo(src: Source, work: Path) -> HistoryRepo | None:
+def oracle_records(runs: list[Path]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """One record per task of `etude eval --model oracle` runs on the mined tasks, and why each
+    unresolved one failed (the hack flags that voided it, else the failing tests)."""
+    recs, why = [], {}
+    for run in runs:
+        for r in _read_records(run / "results.jsonl"):
+            iid = str(r["instance_id"])
+            recs.append({"kind": "oracle", "repo": iid.split("__", 1)[0], "task": iid,
+                         "resolved": int(bool(r.get("resolved")))})  # fmt: skip
+            if not r.get("resolved"):
+                flags = sorted({f["name"] for f in r.get("flags") or [] if f.get("voids")})
+                o = r.get("outcome") or {}
+                failing = [t for part in ("fail_to_pass", "pass_to_pass") for t, v in (o.get(part) or {}).items()
+                           if v != "passed"]  # fmt: skip
+                why[iid] = ("flagged: " + ", ".join(flags)) if flags else ("failing: " + ", ".join(failing[:3]))
+    return recs, why
+
+
+def history_repo(src: Source, work: Path, drop: set[str] = frozenset()) -> HistoryRepo | None:
     info_path = work / f"{src.name}.json"
     if not info_path.is_file():
         return None
     info = json.loads(info_path.read_text())
     tasks = load_tasks(work / f"{src.name}.tasks.jsonl") if (work / f"{src.name}.tasks.jsonl").is_file() else []
-    entries = tuple(sorted((HistoryEntry(t.instance_id, t.meta["commit"], t.created_at) for t in tasks),
+    found = {t.instance_id: (t.meta["commit"], t.created_at) for t in tasks}
+    for r in _read_records(work / f"{src.name}.records.jsonl"):  # kept, but its task not saved (`finish`)
+        if r["kept"]:
+            found.setdefault(f"{normalise(src.name)}__{r['commit'][:12]}", (r["commit"], r["created_at"]))
+    entries = tuple(sorted((HistoryEntry(iid, c, d) for iid, (c, d) in found.items() if iid not in drop),
                            key=lambda e: e.created_at))  # fmt: skip
     return HistoryRepo(src.name, src.url, src.licence, src.licence_file, info["since"], info["until"], entries,
                        src.extra_deps)  # fmt: skip
@@ -225,13 +250,22 @@ def report(args: argparse.Namespace, started: float) -> None:
                 if any(r.get("arm") == arm and r["repo"] == s.name for r in recs):
                     figures[f"{arm}.{s.name}.resolved"] = {"kind": "rate", "of": {"arm": arm, "repo": s.name},
                                                            "field": "resolved"}  # fmt: skip
-    repos = [h for s in chosen if (h := history_repo(s, work)) is not None and h.tasks]
+    drop: set[str] = set()
+    if args.oracle:  # the gold patch through the real harness and grader, hack defences included
+        recs, why = oracle_records([Path(d) for d in args.oracle.split(",")])
+        records += recs
+        figures["oracle.resolved"] = {"kind": "rate", "of": {"kind": "oracle"}, "field": "resolved"}
+        drop = set(why)
+        meta["oracle_unresolved"] = why
+    repos = [h for s in chosen if (h := history_repo(s, work, drop)) is not None and h.tasks]
     meta["tasks"] = sum(len(h.tasks) for h in repos)
+    meta["tasks_per_repo"] = {h.name: len(h.tasks) for h in repos}
     if args.manifest:
         write_manifest(repos, MANIFEST)
     if args.install:
         for h in repos:
-            install(h, load_tasks(work / f"{h.name}.tasks.jsonl"), Path(args.src) / h.name)
+            keep = [t for t in load_tasks(work / f"{h.name}.tasks.jsonl") if t.instance_id not in drop]
+            install(h, keep, Path(args.src) / h.name)
     prov = provenance(started=started, argv=sys.argv)
     doc = write_result(Path(args.out), figures, records, prov, meta=meta)
     print(json.dumps({k: v for k, v in doc["figures"].items() if k.endswith("kept_rate")}, indent=1))
@@ -245,9 +279,12 @@ def main() -> None:
     ap.add_argument("--work", default="runs/history", help="Per-repository mining outputs (resumable).")
     ap.add_argument("--repos", default="", help="Only these repositories (comma-separated names).")
     ap.add_argument("--again", action="store_true", help="mine: redo repositories already mined in WORK.")
+    ap.add_argument("--revalidate", action="store_true", help="finish: validate kept commits whose task was not saved.")
     ap.add_argument("--manifest", action="store_true", help="report: rewrite etude/tasks/history_manifest.json.")
     ap.add_argument("--install", action="store_true", help="report: cache the mined tasks as builtin:history.")
     ap.add_argument("--out", default=str(RESULTS / "history.json"), help="report: the result file.")
+    ap.add_argument("--oracle", default="", help="report: etude eval runs (--model oracle) of the mined tasks, "
+                    "comma-separated; a task the oracle does not resolve there is left out of the manifest.")
     ap.add_argument("--models", default="", help="report: ARM=MODEL[,...] to evaluate on builtin:history.")
     args = ap.parse_args()
     started = time.time()
@@ -263,7 +300,7 @@ def main() -> None:
         for s in REPOS:
             if (not names or s.name in names) and (work / f"{s.name}.records.jsonl").is_file():
                 if args.again or not (work / f"{s.name}.json").is_file():
-                    finish_one(s, Path(args.src) / s.name, work)
+                    finish_one(s, Path(args.src) / s.name, work, args.revalidate)
         return
     if args.step == "mine":
         for s in REPOS:
