@@ -41,7 +41,12 @@ class RolloutStopped(Exception):
 
 
 def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
-    """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], or builtin:SPLIT (the built-in suite)."""
+    """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], builtin:history[:before=D][:after=D], or
+    builtin:SPLIT (the built-in suite)."""
+    if spec == "builtin:history" or spec.startswith("builtin:history:"):
+        from etude.tasks.history_suite import builtin_history
+
+        return builtin_history(spec, limit)
     if spec.startswith("builtin:curriculum:"):
         split, _, level = spec.removeprefix("builtin:curriculum:").partition(":")
         if level and not level.isdigit():
