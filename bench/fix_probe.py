@@ -3,7 +3,7 @@
 Held-out episodes mix three skills: finding the function, reading it, and choosing the fix. Stop
 22's funnel showed the SFT models read the buggy line in half their episodes and still edited it
 right in few. This probe measures the last skill alone, the same way for every model: for each
-task, the fix drill's conversation (etude.train.sft.drill_trajectories: grep for the function,
+task, the fix drill's conversation (etude.envs.sources.drill_trajectories: grep for the function,
 read it window by window, all through the real harness and tools) up to the edit turn; the model
 writes that turn, greedy. Figures, each a rate over tasks with a Wilson 95% interval:
   well_formed   the reply parses as tool calls (etude.toolcalls.parse_hermes)
@@ -27,16 +27,16 @@ from typing import Any
 
 
 def score(reply: str, src: str, gold_src: str, path: str, bug_line: str) -> dict[str, bool]:
-    """The probe's figures for one reply (see the module doc): `etude.train.fixturn.score_edit`,
+    """The probe's figures for one reply (see the module doc): `etude.envs.fixturn.score_edit`,
     the score the `fix` RL env trains on."""
-    from etude.train.fixturn import score_edit
+    from etude.envs.fixturn import score_edit
 
     return score_edit(reply, src, gold_src, path, bug_line)
 
 
 def prompts(tasks: list[Any], work: Path, hc: Any) -> list[dict[str, Any]]:
     """Per task that has a drill: the conversation before its edit turn and what scoring needs."""
-    from etude.train.fixturn import edit_turn_prompts
+    from etude.envs.fixturn import edit_turn_prompts
 
     return edit_turn_prompts(tasks, hc, work / "drill.jsonl")
 

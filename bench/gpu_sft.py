@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="SFT config override")
     p.add_argument("--drill-tasks", default="", metavar="FILE[,FILE...]",
-                   help="task files to make fix drills from (etude.train.sft.drill_trajectories)")
+                   help="task files to make fix drills from (etude.envs.sources.drill_trajectories)")
     t = sub.add_parser("train", help="train a LoRA adapter on the sequences (GPU)")
     t.add_argument("--sequences", required=True)
     t.add_argument("--model", default="smollm2")

@@ -148,9 +148,9 @@ def cmd_rollouts(a: argparse.Namespace) -> None:
     import vllm
 
     from bench.vllm_mismatch import learner_step_stats, mismatch
+    from etude.envs.families import make_env
     from etude.policy.vllm_backend import VLLMPolicy, engine_state
     from etude.train.config import EnvConfig, TrainConfig
-    from etude.train.envs import make_env
     from etude.train.learner import Learner
 
     cfg = TrainConfig(

@@ -58,9 +58,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from etude.envs.families import SingleTurnEnv
 from etude.evals.results import compute_figure, compute_figures, write_result
 from etude.provenance import provenance
-from etude.train.envs import SingleTurnEnv
 from etude.types import Message, Problem
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,12 +68,12 @@ EVAL_SEED = 12345
 
 
 def _arith(num_train: int):
-    from etude.train.envs import ArithEnv
+    from etude.envs.families import ArithEnv
 
     return ArithEnv(num_train=num_train, num_test=8, seed=0)
 
 
-PROMPTS_ENV = "harness_prompts"  # registered in the child processes (etude.train.envs.ENVS)
+PROMPTS_ENV = "harness_prompts"  # registered in the child processes (etude.envs.families.ENVS)
 
 
 class HarnessPromptEnv(SingleTurnEnv):
@@ -176,8 +176,8 @@ def held_out(model: object, tokenizer: object, a: argparse.Namespace) -> list[di
 
 
 def run_etude(a: argparse.Namespace) -> dict:
+    from etude.envs.families import ENVS
     from etude.train import TrainConfig, train
-    from etude.train.envs import ENVS
     from etude.train.metrics import read_metrics
 
     ENVS[PROMPTS_ENV] = HarnessPromptEnv  # type: ignore[assignment]  # the bench's own family

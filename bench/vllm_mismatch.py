@@ -100,10 +100,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     import vllm
 
+    from etude.envs.families import make_env
     from etude.policy.local import LocalPolicy
     from etude.policy.vllm_backend import VLLMPolicy, engine_state
     from etude.train.config import EnvConfig, TrainConfig
-    from etude.train.envs import make_env
     from etude.train.learner import Learner
 
     cfg = TrainConfig(model=args.model, lr=args.lr, temperature=args.temperature, max_new_tokens=args.max_tokens,

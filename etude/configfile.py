@@ -2,6 +2,7 @@
 from the command line here, with the same errors everywhere (file, key, expected type).
 
     cfg = load(TrainConfig, "configs/tiny.toml", "train config", overrides=parse_set(["steps=3"]))
+    cfg = load_with(LoopConfig.from_dict, "configs/loop_tiny.toml", "loop config", overrides=...)
 
 `build(typ, data)` turns a table into `typ`: unknown keys are an error naming the table and the
 known keys (a typo never trains with a default), a nested dataclass field takes a sub-table, a
@@ -19,6 +20,7 @@ import json
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +78,23 @@ def load(typ: type[T], path: str | Path, what: str, *, table: str | None = None,
     if table and isinstance(data.get(table), dict):
         data = data[table]
     return build(typ, data, table or "", source=str(path))
+
+
+def load_with(make: Callable[[dict[str, Any]], T], path: str | Path, what: str, *, table: str | None = None,
+              overrides: dict[str, Any] | None = None, must_exist: bool = False) -> T:
+    """`make(data)` for a config with its own rules (merged defaults, tables of tables): `data` is
+    the TOML file at `path` with `overrides` applied (its `[table]` if given and present); an
+    EtudeError from `make` is prefixed with the file. must_exist: a missing file is "no config
+    file at PATH" rather than read_toml's "cannot read"."""
+    if must_exist and not Path(path).is_file():
+        raise EtudeError(f"no config file at {Path(path)}")
+    data = apply_overrides(read_toml(path, what), overrides)
+    if table and isinstance(data.get(table), dict):
+        data = data[table]
+    try:
+        return make(data)
+    except EtudeError as e:
+        raise EtudeError(f"{path}: {e}") from None
 
 
 def build(typ: type[T], data: Any, where: str, *, source: str | None = None) -> T:

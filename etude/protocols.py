@@ -1,4 +1,6 @@
-"""The contracts between components. Four methods or fewer each; payloads live in `types`."""
+"""The contracts between components. Four methods or fewer each; payloads live in `types`. A policy
+is a `Policy`; what it can do beyond that (token ids, batches, native tools, an in-process model)
+it declares by subclassing the capability protocols, which callers check with `isinstance`."""
 
 from __future__ import annotations
 
@@ -25,6 +27,67 @@ class Policy(Protocol):
         max_tokens: int = 512,
         temperature: float = 0.7,
     ) -> Generation: ...
+
+
+# Capabilities beyond `generate`, declared by the policies that have them (they subclass these)
+# and checked once with isinstance where a caller takes another path for them.
+
+
+@runtime_checkable
+class TokenPolicy(Protocol):
+    """Token-level generation with log-probs: the policy renders a conversation to prompt ids itself
+    (`encode_prompt`, the one renderer of serving, RL and SFT) and samples from ids, each
+    Generation carrying its token ids and their log-probs (`generate_ids`); `stop_token_ids` end a
+    completion. The batcher, serving's id path and RL rollouts use it (LocalPolicy, VLLMPolicy)."""
+
+    @property
+    def stop_token_ids(self) -> list[int]: ...
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def generate_ids(self, prompts: Sequence[Sequence[int]], **kw: Any) -> list[Generation]: ...
+
+
+@runtime_checkable
+class BatchPolicy(Protocol):
+    """Several conversations in one call (one forward batch), `n` samples each, prompt-major."""
+
+    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (),
+                       **kw: Any) -> list[Generation]: ...
+
+
+@runtime_checkable
+class NativeToolsPolicy(Protocol):
+    """A policy whose API may take tool schemas itself (an OpenAI-compatible endpoint): when
+    `native_tools` is true the harness passes them as `tools` instead of rendering them into the
+    system prompt. Read it through `native_tools`."""
+
+    native_tools: bool
+
+
+@runtime_checkable
+class ModelPolicy(Protocol):
+    """A policy sampling with an in-process transformers `model` (LocalPolicy): RL shares it with
+    the learner, the batcher hooks its `generate` to stream tokens."""
+
+    model: Any
+
+
+@runtime_checkable
+class TokenizerPolicy(Protocol):
+    """A policy whose `tokenizer` decodes its token ids (to cut a batched completion short)."""
+
+    tokenizer: Any
+
+
+def native_tools(policy: Any) -> bool:
+    """Whether `policy` takes tool schemas natively (see NativeToolsPolicy); False when it says nothing."""
+    return isinstance(policy, NativeToolsPolicy) and bool(policy.native_tools)
+
+
+def policy_name(policy: Any) -> tuple[str, int]:
+    """(id, version) of a `Policy`; ("", 0) for a bare object that only generates."""
+    return (str(policy.id), int(policy.version)) if isinstance(policy, Policy) else ("", 0)
 
 
 @dataclass(frozen=True)

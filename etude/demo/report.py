@@ -56,6 +56,8 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 <h3>A/B readout (canary)</h3>
 {{ ab_table }}
 <p><b>Decision:</b> {{ decision }}</p>
+<h3>What decided it</h3>
+{{ decision_table }}
 
 <h2>5. The same held-out task, base and warm start</h2>
 {% if side %}<p>task <code>{{ side.task }}</code> — resolved: {{ side.resolved }}</p>
@@ -200,13 +202,58 @@ def abtable(readout: dict[str, Any] | None) -> str:
     return table(["metric", "control", "treatment", "lift", "95% CI", "p", "mSPRT p (always valid)"], rows) + srm
 
 
+def decision_rows(rep: dict[str, Any] | None) -> list[list[Any]]:
+    """The org cycle's decision and the numbers it was taken on, from `CycleReport.to_dict()`:
+    its basis (readout, gate, or gate-only), the gate's resolved rates with the interval, the
+    canary's plan against the users it reached, the primary metric's lift, the alarms."""
+    if not rep or not rep.get("decision"):
+        return []
+    rows: list[list[Any]] = [["decision", f"{rep['decision']} (basis: {rep.get('basis') or '–'})"],
+                             ["reason", rep.get("reason") or "–"]]
+    gate = rep.get("eval") or {}
+    if gate:
+        r = (gate.get("metrics") or {}).get("resolved") or {}
+        rows.append(["eval gate", f"{gate.get('gate')} on {gate.get('tasks')} held-out task(s): resolved "
+                                  f"{_pct(gate.get('production_resolved'))} (production) → "
+                                  f"{_pct(gate.get('candidate_resolved'))} (candidate), Δ {_pct(r.get('delta'), True)} "
+                                  f"[{_pct(r.get('ci_low'), True)}, {_pct(r.get('ci_high'), True)}]"])
+    plan = rep.get("plan") or {}
+    if plan:
+        need, reach = plan.get("users_per_arm"), plan.get("reach")
+        rows.append(["canary plan", f"{plan.get('mode')}: mde {_pct(plan.get('mde'))} from {plan.get('source')}; "
+                                    f"users per arm planned {'/'.join(map(str, need)) if need else '–'}, window reaches "
+                                    f"{'/'.join(f'{x:.0f}' for x in reach) if reach else '–'}"
+                                    + (f" — {plan['line']}" if plan.get("line") else "")])
+    ab = rep.get("ab") or {}
+    if ab:
+        users = ab.get("users") or {}
+        rows.append(["users per arm", f"control {users.get('control', '–')}, canary {users.get('treatment', '–')} "
+                                      f"after {(rep.get('canary') or {}).get('rounds', '–')} round(s); SRM p {_f(ab.get('srm_p'))}"])
+        m = (ab.get("metrics") or {}).get(rep.get("primary") or "")
+        if m and m.get("delta") is not None:
+            rows.append([f"{rep['primary']} (primary)",
+                         f"lift {_pct(m['delta'], True)} [{_pct(m.get('ci_low'), True)}, {_pct(m.get('ci_high'), True)}], "
+                         f"always-valid [{_pct(m.get('msprt_ci_low'), True)}, {_pct(m.get('msprt_ci_high'), True)}], "
+                         f"mSPRT p {_f(m.get('msprt_p'))}"])
+    fired = [a["metric"] for a in rep.get("alarms") or [] if a.get("fired")]
+    if rep.get("alarms") is not None:
+        rows.append(["hack alarms", ", ".join(fired) if fired else "none fired"])
+    return rows
+
+
+def _pct(x: Any, signed: bool = False) -> str:
+    if not isinstance(x, (int, float)):
+        return "–"
+    return f"{x:+.1%}" if signed else f"{x:.1%}"
+
+
 def _f(x: Any) -> str:
     return f"{x:.3g}" if isinstance(x, (int, float)) else "–"
 
 
 def write_report(out: Path, data: dict[str, Any]) -> Path:
     """`data` keys: intro, stages [(name, result, seconds)], metrics, evals, comparison, cycle
-    (stage -> seconds), cycle_rows, readout, decision, trajectories [(title, body)], learning_note, eval_note."""
+    (stage -> seconds), cycle_rows, readout, decision, cycle_report (CycleReport.to_dict()), trajectories [(title, body)], learning_note, eval_note."""
     plots = out / "plots"
     plots.mkdir(parents=True, exist_ok=True)
     lp = learning_plot(data.get("metrics", []), data.get("evals", []), plots / "learning.png")
@@ -236,6 +283,8 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
         cycle_table=_markup(table(["stage", "status", "seconds"], data.get("cycle_rows", []))),
         ab_table=_markup(abtable(data.get("readout"))),
         decision=data.get("decision", "–"),
+        decision_table=_markup(table(["what", "figure"], decision_rows(data.get("cycle_report")))
+                               if data.get("cycle_report") else "<p>no cycle</p>"),
         trajectories=[{"title": t, "body": b} for t, b in data.get("trajectories", [])],
     )
     path = out / "report.html"

@@ -262,6 +262,7 @@ class Demo:
             "cycle_rows": [[n, s.get("status"), s.get("wall_s") or 0.0] for n, s in stages.items()],
             "readout": rep.get("ab"),
             "decision": f"{rep.get('decision')} — {rep.get('reason')}" if rep else "–",
+            "cycle_report": rep or None,
             "side_by_side": self._side_by_side(),
         }
         path = write_report(self.out, d)

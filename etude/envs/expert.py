@@ -48,6 +48,7 @@ from typing import Any
 
 from etude.envs.episode import TEST_COMMAND
 from etude.harness.prompt import render_tool_calls_text
+from etude.protocols import NativeToolsPolicy
 from etude.types import Generation, Message, Task, ToolCall
 
 _AST_LOCK = threading.Lock()
@@ -169,7 +170,7 @@ SUBMIT_ANSWERS = (  # no code quoted inside the JSON string (see the module doc)
 )
 
 
-class ExpertPolicy:
+class ExpertPolicy(NativeToolsPolicy):
     """A `Policy` that follows a plan for one task (see the module doc)."""
 
     native_tools = False
@@ -235,7 +236,7 @@ class ExpertPolicy:
         return grep, reads
 
     def _drill(self, template: Path) -> list[list[ToolCall] | str]:
-        """A fix drill (see `drill_trajectories` in etude.train.sft): grep for the function, read it
+        """A fix drill (see `drill_trajectories` in etude.envs.sources): grep for the function, read it
         window by window, make the gold edit, answer. Nothing runs the tests, so the answer turn is
         untrained (it would claim a pass nobody saw); what is learnt is locate, read, edit."""
         hunk, _, edit, func, bug_line, span = self._site(template)

@@ -1,7 +1,7 @@
 """`TasksEnv`: repository tasks as an RL environment (`protocols.Env`) — multi-turn episodes
 through the harness and the sandbox (`run_episode`), graded in a clean copy and scored by
 `etude.rewards.score` under the `rewards` table (`[env.rewards]`: weights, budgets, flag policy;
-defaults when absent). The single-turn families live in `etude.train.envs`.
+defaults when absent). The single-turn families live in `etude.envs.families`.
 
 Tasks come from `tasks_file`: a JSONL, or `builtin:curriculum:SPLIT[:LEVEL]` (the curriculum's
 package-disjoint split), or, when unset, the built-in suite. Evaluation uses `eval_tasks_file`
@@ -41,7 +41,12 @@ class RolloutStopped(Exception):
 
 
 def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
-    """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], or builtin:SPLIT (the built-in suite)."""
+    """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], builtin:history[:before=D][:after=D], or
+    builtin:SPLIT (the built-in suite)."""
+    if spec == "builtin:history" or spec.startswith("builtin:history:"):
+        from etude.tasks.history_suite import builtin_history
+
+        return builtin_history(spec, limit)
     if spec.startswith("builtin:curriculum:"):
         split, _, level = spec.removeprefix("builtin:curriculum:").partition(":")
         if level and not level.isdigit():

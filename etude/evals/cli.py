@@ -29,7 +29,7 @@ eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence
 @eval_app.callback()
 def eval_cmd(
     ctx: typer.Context,
-    suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet), builtin:eval, or builtin:curriculum:SPLIT[:LEVEL].")] = None,
+    suite: Annotated[str | None, typer.Option("--suite", help="Task file (JSONL/parquet), builtin:eval, builtin:curriculum:SPLIT[:LEVEL], or builtin:history[:before=YYYY-MM-DD][:after=YYYY-MM-DD].")] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="oracle | noop | scripted:FILE | URL\\[#NAME] | model name or path.")
     ] = None,

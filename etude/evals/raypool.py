@@ -47,6 +47,8 @@ from etude.evals.config import EvalConfig
 from etude.evals.episode import episode_record, error_record, trajectory_path
 from etude.evals.models import policy_factory
 from etude.evals.records import atomic_write
+from etude.policy.batcher import BatchedPolicy
+from etude.protocols import NativeToolsPolicy, native_tools, policy_name
 from etude.raycluster import connect, failure, run_bounded
 from etude.raycluster import ray_get as _get
 from etude.raycluster import ray_module as _ray
@@ -79,8 +81,7 @@ class PolicyServer:
         key = uuid.uuid4().hex
         with self.lock:
             self.policies[key] = policy
-        native = bool(getattr(policy, "native_tools", False))
-        return key, str(getattr(policy, "id", "")), int(getattr(policy, "version", 0)), native
+        return key, *policy_name(policy), native_tools(policy)
 
     def generate(self, key: str, messages: list[Message], tools: list[dict[str, Any]], max_tokens: int,
                  temperature: float) -> Generation:  # fmt: skip
@@ -97,7 +98,7 @@ class PolicyServer:
         """Open episodes, and the batcher's counts when the policy is a shared BatchedPolicy."""
         with self.lock:
             policies = list(self.policies.values())
-        batcher = getattr(policies[0], "batcher", None) if policies else None
+        batcher = policies[0].batcher if policies and isinstance(policies[0], BatchedPolicy) else None
         return {"open": len(policies), **(vars(batcher.stats) if batcher is not None else {})}
 
 
@@ -109,7 +110,7 @@ def _use_every_core() -> None:
         sys.modules["torch"].set_num_threads(max(1, cores))
 
 
-class ActorPolicy:
+class ActorPolicy(NativeToolsPolicy):
     """A `protocols.Policy` whose `generate` runs on the policy actor, for one episode."""
 
     def __init__(self, server: Any, key: str, id: str, version: int, native_tools: bool):

@@ -48,10 +48,15 @@ RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json",
 
 
 def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = None) -> list[Task]:
-    """Tasks from a file, `builtin:SPLIT` (the built-in suite), or a list of Tasks."""
+    """Tasks from a file, `builtin:SPLIT` (the built-in suite), `builtin:history[:before=D][:after=D]`
+    (tasks mined from real histories, etude.tasks.history_suite), or a list of Tasks."""
     if isinstance(suite, (str, Path)):
         text = str(suite)
-        if text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
+        if text == "builtin:history" or text.startswith("builtin:history:"):
+            from etude.tasks.history_suite import builtin_history
+
+            tasks = builtin_history(text, max_tasks)
+        elif text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
             split, _, level = text.removeprefix("builtin:curriculum:").partition(":")
             tasks = builtin_curriculum(split, int(level or 1) if (level or "1").isdigit() else -1, max_tasks=max_tasks)
         elif text.startswith("builtin:"):

@@ -127,6 +127,19 @@ def _adherence(groups: dict[str, list[dict[str, Any]]], kw: dict) -> dict[str, A
     return {"score": mean_ci(_per_task(groups, getters()["adherence"], None), **kw), "components": comps}
 
 
+def by_repo(groups: dict[str, list[dict[str, Any]]], tasks: Sequence[Task], kw: dict) -> dict[str, Any]:
+    """Per repository (a suite of several, e.g. builtin:history): tasks, resolved rate, adherence
+    score and turns and tokens per episode, each a mean over that repository's tasks."""
+    repo_of = {t.instance_id: t.repo for t in tasks}
+    g, out = getters(), {}
+    for repo in sorted(set(repo_of.values())):
+        sub = {i: rs for i, rs in groups.items() if repo_of.get(i) == repo}
+        out[repo] = {"tasks": len(sub), "resolved_rate": mean_ci(_per_task(sub, g["resolved"], 0.0), **kw),
+                     "adherence": mean_ci(_per_task(sub, g["adherence"], None), **kw),
+                     **{k: mean_ci(_per_task(sub, g[k], None), **kw) for k in ("turns", "tokens")}}  # fmt: skip
+    return out
+
+
 def summarise(records: Sequence[dict[str, Any]], tasks: Sequence[Task], cfg: EvalConfig,
               manifest: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The run's summary (see the module docstring)."""
@@ -153,4 +166,5 @@ def summarise(records: Sequence[dict[str, Any]], tasks: Sequence[Task], cfg: Eva
         "behaviour": behaviour(groups, cfg.confidence),
         "reward": mean_ci(_per_task(groups, g["reward"], None), **kw),
         "flags": dict(sorted(flags.items())),
+        **({"by_repo": by_repo(groups, tasks, kw)} if len({t.repo for t in tasks}) > 1 else {}),
     }

@@ -39,7 +39,7 @@ from etude.errors import EtudeError
 from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
 from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
-from etude.protocols import Policy, ToolContext
+from etude.protocols import Policy, ToolContext, native_tools, policy_name
 from etude.toolcalls import parse_hermes
 from etude.tools import available, run_tool, tool_schemas
 from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
@@ -90,7 +90,7 @@ class _Episode:
         # NOTE: the harness config's tool limits are the ones in force: one ToolsConfig per episode.
         ctx = dataclasses.replace(ctx, config=cfg.tools_config)
         self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
-        self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and bool(getattr(policy, "native_tools", False)))
+        self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and native_tools(policy))
         self.schemas = _schemas(cfg)
         self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt,
                                        history=history, tool_prompt=cfg.tool_prompt)
@@ -246,7 +246,7 @@ class _Episode:
         meta = dict(self.meta, complete=self.complete, token_counts="+".join(sorted(self.token_sources)) or "none")
         return Trajectory(
             episode_id=self.episode_id, task_id=self.task_id,
-            policy_id=str(getattr(self.policy, "id", "")), policy_version=int(getattr(self.policy, "version", 0)),
+            policy_id=policy_name(self.policy)[0], policy_version=policy_name(self.policy)[1],
             messages=tuple(self.messages), turns=tuple(self.turns),
             stop_reason=self.stop if (self.stop and self.complete) else "error",
             diff=self.diff, wall_s=(self.t_end or time.monotonic()) - self.t0,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etude.configfile import apply_overrides, build, read_toml
+from etude.configfile import build, load_with
 from etude.errors import EtudeError
 from etude.experiments.power import plan, tau_rel_for
 from etude.loop.metrics import METRICS
@@ -172,6 +172,20 @@ class CanarySection:
     guardrails: tuple[GuardrailSpec, ...] = (GuardrailSpec("dissatisfied_rate", False, 0.5),
                                              GuardrailSpec("latency_s", False, 1.0))
     """non-inferiority guardrails (etude.experiments.Guardrail); a failing one rolls back."""
+    mde_from: str = ""
+    """take `mde` from what the offline check measured instead of setting it: "candidate" (the
+    held-out gain `etude specialise --register` recorded with the org's specialised candidate) or
+    the path of a specialise report.json. The held-out resolved rates, base → adapter, go through
+    the `[users]` model (UserModel.expected) to the relative lift of `primary` (accept_rate: the
+    keep rate; dissatisfied_rate), which is the mde (etude.loop.plan). Needs `user_cv`."""
+    window_users: int | None = None
+    """users the canary window can reach, both arms together (None: scripted traffic's
+    `[traffic] users`; other traffic kinds are then not checked)."""
+    underpowered: str = "refuse"
+    """when the plan needs more users per arm than the window reaches (or the offline gain is no
+    gain): "refuse" — one line, non-zero exit, nothing written; "gate-only" — say so in one line
+    when the cycle starts, run no canary, and decide on the eval gate alone (promote only a
+    passed gate that shows an improvement), labelled "gate-only" in state.json and the report."""
 
     def __post_init__(self) -> None:
         if len(self.weights) != 2 or min(self.weights) <= 0:
@@ -181,7 +195,19 @@ class CanarySection:
         bad = [m for m in (self.primary, *(g.metric for g in self.guardrails)) if m not in METRICS]
         if bad:
             raise EtudeError(f"[canary] unknown metric(s) {', '.join(bad)}; known: {', '.join(METRICS)}")
-        if self.user_cv is not None and self.mde is None:
+        if self.underpowered not in ("refuse", "gate-only"):
+            raise EtudeError(f"[canary] underpowered must be refuse or gate-only, not {self.underpowered!r}")
+        if self.window_users is not None and self.window_users < 1:
+            raise EtudeError("[canary] window_users must be >= 1")
+        if self.mde_from:
+            if self.mde is not None:
+                raise EtudeError("[canary] set mde or mde_from, not both")
+            if self.user_cv is None:
+                raise EtudeError("[canary] mde_from needs user_cv (the plan's users per arm follow from both)")
+            if self.primary not in ("accept_rate", "dissatisfied_rate"):
+                raise EtudeError(f"[canary] mde_from turns a held-out gain into accept_rate or dissatisfied_rate, "
+                                 f"not {self.primary!r}")
+        elif self.user_cv is not None and self.mde is None:
             raise EtudeError("[canary] user_cv needs an mde (the effect the plan is for)")
         if self.mde is not None:
             self.plan()  # validates mde, power, user_cv
@@ -283,15 +309,28 @@ class LoopConfig:
 
     def __post_init__(self) -> None:
         p = self.canary.plan()
-        if p is not None and self.traffic.kind == "scripted":
-            # scripted traffic has `traffic.users` distinct users, split by the canary weights
-            reach = [self.traffic.users * w / sum(self.canary.weights) for w in self.canary.weights]
-            if any(r < n for r, n in zip(reach, p.users_per_arm, strict=True)):
-                raise EtudeError(
-                    f"[canary] the plan needs {p.users_per_arm[0]}/{p.users_per_arm[1]} users per arm for a "
-                    f"{self.canary.mde:.1%} lift (user_cv {self.canary.user_cv:g}, power {self.canary.power:g}) but "
-                    f"[traffic] users = {self.traffic.users} reaches about {reach[0]:.0f}/{reach[1]:.0f}: raise "
-                    f"users or the mde")
+        short = self.plan_shortfall(p) if p is not None else None
+        if short and self.canary.underpowered == "refuse":  # gate-only: the cycle says so when it starts
+            raise EtudeError(f"[canary] {short}")
+
+    def canary_reach(self) -> tuple[float, float] | None:
+        """Users per arm the canary window reaches: `canary.window_users` (else scripted traffic's
+        `traffic.users`) split by the canary weights; None when unknown."""
+        users = self.canary.window_users or (self.traffic.users if self.traffic.kind == "scripted" else None)
+        if users is None:
+            return None
+        return tuple(users * w / sum(self.canary.weights) for w in self.canary.weights)  # type: ignore[return-value]
+
+    def plan_shortfall(self, p: Any) -> str | None:
+        """One line when plan `p` needs more users per arm than the window reaches, else None."""
+        reach = self.canary_reach()
+        if reach is None or all(r >= n for r, n in zip(reach, p.users_per_arm, strict=True)):
+            return None
+        src = "[canary] window_users" if self.canary.window_users else "[traffic] users"
+        total = self.canary.window_users or self.traffic.users
+        return (f"the plan needs {p.users_per_arm[0]}/{p.users_per_arm[1]} users per arm for a {p.mde:.1%} lift "
+                f"(user_cv {p.user_cv:g}, power {p.power:g}) but {src} = {total} reaches about "
+                f"{reach[0]:.0f}/{reach[1]:.0f}: raise users or the mde")
 
     def db_url(self) -> str:
         return self.db or f"sqlite:///{Path(self.root).resolve() / 'etude.db'}"
@@ -318,16 +357,12 @@ class LoopConfig:
             if not isinstance(top["orgs"], dict):
                 raise EtudeError("[orgs] must be a table of [orgs.NAME] tables")
             top["orgs"] = {name: _section(OrgSection, o, f"orgs.{name}") for name, o in top["orgs"].items()}
-        return _build(cls, top, "loop")
+        return build(cls, top, "loop")
 
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> LoopConfig:
         """From a TOML file, `overrides` (dotted keys, e.g. "train.steps") applied on top; errors name the file."""
-        data = apply_overrides(read_toml(path, "loop config"), overrides)
-        try:
-            return cls.from_dict(data)
-        except EtudeError as e:
-            raise EtudeError(f"{path}: {e}") from None
+        return load_with(cls.from_dict, path, "loop config", overrides=overrides)
 
 
 def _section(typ: Any, d: Any, where: str) -> Any:
@@ -335,16 +370,13 @@ def _section(typ: Any, d: Any, where: str) -> Any:
         raise EtudeError(f"[{where}] must be a table")
     d = dict(d)
     if where == "canary" and "guardrails" in d:
-        d["guardrails"] = tuple(_build(GuardrailSpec, g, "canary.guardrails") for g in d["guardrails"])
+        d["guardrails"] = tuple(build(GuardrailSpec, g, "canary.guardrails") for g in d["guardrails"])
     if where == "alarms" and "rules" in d:
-        d["rules"] = tuple(_build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
+        d["rules"] = tuple(build(AlarmSpec, a, "alarms.rules") for a in d["rules"])
     if where == "canary" and "weights" in d:
         d["weights"] = tuple(float(w) for w in d["weights"])
     for key in ("repos", "lora_target_modules"):
         if key in d and isinstance(d[key], list):
             d[key] = tuple(str(x) for x in d[key])
-    return _build(typ, d, where)
+    return build(typ, d, where)
 
-
-def _build(typ: Any, d: Any, where: str) -> Any:
-    return build(typ, d, where)  # the one loader's checks (etude.configfile)

@@ -37,6 +37,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -50,9 +51,10 @@ from etude.evals.runner import resolve_suite
 from etude.experiments import analyze
 from etude.harness import HarnessConfig
 from etude.loop.config import LoopConfig
-from etude.loop.decision import decide, gate_status, gated, inconclusive_reason
+from etude.loop.decision import decide, gate_only, gate_status, gated, inconclusive_reason
 from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
+from etude.loop.plan import CanaryPlan, settle, specialised_candidate
 from etude.loop.population import make_population, repo_of
 from etude.loop.readout import ab_config
 from etude.loop.server import running_server
@@ -113,6 +115,8 @@ class CycleReport:
             "canary": {k: v for k, v in out("canary").items() if k != "readouts"},
             "ab": out("readout").get("ab"), "arm_ratios": out("readout").get("arm_ratios"),
             "alarms": out("readout").get("alarms"),
+            "plan": self.state.get("plan"), "basis": out("decide").get("basis"),
+            "primary": ((self.state.get("config") or {}).get("canary") or {}).get("primary"),
             "decision": out("decide").get("decision"), "reason": out("decide").get("reason"),
             "production_after": out("decide").get("production"), "wall_s": self.wall_s,
         }
@@ -142,18 +146,33 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     contamination = check_sources([("[traffic] tasks", config.traffic.tasks if config.traffic.kind == "scripted" else None),
                                    ("[eval] suite", config.eval.suite)], config.allow_test_split)
     root = Path(config.root)
-    root.mkdir(parents=True, exist_ok=True)
     cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
+    planned = _settled_plan(config, cdir)  # an unreachable plan under "refuse" stops here, nothing written
+    if planned.mode == "gate-only":
+        print(f"etude loop: gate-only decision: {planned.line}", file=sys.stderr, flush=True)
+    config = planned.apply(config)
+    root.mkdir(parents=True, exist_ok=True)
     index = int(m.group(1)) if (m := re.search(r"(\d+)$", cdir.name)) else 1
     t0 = time.monotonic()
     with ExitStack() as stack:
         run = _Cycle(config, cdir, index, traffic, stack, progress)
         if contamination:
             run.state.data["contamination"] = contamination
+        if "plan" not in run.state.data:
+            run.state.data["plan"] = planned.to_dict()
+            run.state.save()
         run.all_stages()
     report = CycleReport(index, str(cdir), run.state.data, wall_s=round(time.monotonic() - t0, 3))
     _write_json(cdir / "report.json", report.to_dict())
     return report
+
+
+def _settled_plan(cfg: LoopConfig, cdir: Path) -> CanaryPlan:
+    """The canary plan a resumed cycle started with, else a new one (etude.loop.plan.settle)."""
+    state = cdir / "state.json"
+    if state.is_file() and "plan" in (data := json.loads(state.read_text())):
+        return CanaryPlan.from_dict(data["plan"])
+    return settle(cfg, open_store(cfg.db_url()))
 
 
 def check_org(cfg: LoopConfig) -> None:
@@ -350,6 +369,11 @@ class _Cycle:
                                               org=self.cfg.org if self.cfg.specialise else None)
         self.state.finish("register", checkpoint={"name": cp.name, "path": cp.path, "version": cp.version})
         gate = self.state.stage("eval")["outputs"]["verdict"]
+        plan = self.state.data.get("plan") or {}
+        if plan.get("mode") == "gate-only":  # no canary: the gate alone decides, and says so
+            verdict, reason = gate_only(gate, plan["line"])
+            self._skip_rest("register", reason, verdict)
+            return
         if not self.cfg.eval.required:
             return
         status = gate_status(gate)
@@ -368,10 +392,13 @@ class _Cycle:
         salt = hashlib.sha256(f"{exp_id}:{self.cfg.seed}".encode()).hexdigest()[:16]
         registry.set_experiment(self.store, exp_id, [("control", self.prod["name"], c.weights[0]),
                                                      ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
+        if not out["readouts"]:  # the plan is on /dashboard before the first user arrives
+            self._publish(exp_id, {"ab": None, "arm_ratios": {}, "alarms": []}, None, None, "no canary traffic yet")
         while out["rounds"] < c.rounds:
             self._traffic("canary", out["rounds"])
             rd = self._readout(exp_id)
             verdict, reason = decide(rd, c) if out["rounds"] + 1 >= c.min_rounds else (None, "min_rounds not reached")
+            self._publish(exp_id, rd, out["rounds"] + 1, verdict, reason)
             out["readouts"].append({"round": out["rounds"], "decision": verdict, "reason": reason,
                                     "users": rd["ab"].get("users") if rd["ab"] else None})
             self.state.progress("canary", rounds=out["rounds"] + 1)
@@ -390,6 +417,15 @@ class _Cycle:
             ab["plan"] = plan.to_dict()
         ratios = arm_ratios(facts)
         return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
+
+    def _publish(self, exp_id: str, rd: dict[str, Any], rnd: int | None, decision: str | None, reason: str) -> None:
+        """Record the readout the loop decides on in the store, where `etude serve`'s /dashboard
+        reads it (the server has no loop config, and etude.serve may not import etude.loop)."""
+        plan = self.cfg.canary.plan()
+        registry.record_readout(self.store, exp_id, {
+            "round": rnd, "rounds": self.cfg.canary.rounds, "ab": rd["ab"], "plan": plan.to_dict() if plan else None,
+            "primary": self.cfg.canary.primary, "arm_ratios": rd["arm_ratios"], "alarms": rd["alarms"],
+            "decision": decision, "reason": reason, "cycle": self.index})
 
     def stage_readout(self) -> None:
         exp_id = self.state.stage("canary")["outputs"]["experiment"]
@@ -418,7 +454,9 @@ class _Cycle:
             elif decision == "rollback" and cp.state != "retired":
                 registry.rollback(self.store, cand, reason=f"loop cycle {self.index}: {reason}")
         prod = registry.production(self.store, self.cfg.org)
-        self.state.finish("decide", decision=decision, reason=reason,
+        basis = "gate-only" if (self.state.data.get("plan") or {}).get("mode") == "gate-only" else (
+            "readout" if self.state.status("readout") == "done" else "gate")
+        self.state.finish("decide", decision=decision, reason=reason, basis=basis,
                           production={"name": prod.name, "version": prod.version} if prod else None)
 
 
@@ -451,14 +489,6 @@ def _builtin_traffic(ctx: TrafficContext) -> Any:
         return None
     time.sleep(t.wait_s)  # kind "none": real users talk to the deployed server meanwhile
     return None
-
-
-def specialised_candidate(store: Any, org: str) -> Any:
-    """The org's newest candidate registered by `etude specialise --register` that no cycle has
-    decided on yet (state "candidate", meta kind "specialised"), or None."""
-    cands = [c for c in registry.list_checkpoints(store, org, include_retired=False)
-             if c.org_id == org and c.state == "candidate" and c.meta.get("kind") == "specialised"]
-    return max(cands, key=lambda c: c.created_at) if cands else None
 
 
 def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:

@@ -16,6 +16,10 @@ fixed-horizon one: the rule runs after every canary round, and checking a fixed-
 at every round is the naive peeking that inflates false promotions (bench/ab_simulation.py: 22% at
 α = 0.05 over 20 looks). A readout without the always-valid interval never promotes by rule 7.
 
+Gate-only (`gate_only`, when the canary's plan cannot be reached in the window, see
+etude.loop.plan): no readout; promote only a gate that passed *and* measured an improvement
+(non-inferiority alone would promote an unchanged copy); otherwise roll back.
+
 The eval gate (`gated`): a required gate that was "inconclusive" (its interval could not exclude
 harm) never promotes — a "promote" becomes a rollback that gives both reasons.
 """
@@ -85,3 +89,15 @@ def gated(verdict: str, reason: str, gate: dict[str, Any]) -> tuple[str, str]:
     if verdict == "promote":
         return "rollback", f"not promoted: eval gate {why} (the readout said: {reason})"
     return verdict, f"{reason}; and the eval gate was {why}"
+
+
+def gate_only(gate: dict[str, Any], why: str) -> tuple[str, str]:
+    """The decision without a canary: the eval gate alone, labelled as such."""
+    status, better = gate_status(gate), list(gate.get("improvements") or [])
+    label = f"gate-only decision ({why})"
+    if status == "passed" and better:
+        return "promote", f"{label}: eval gate passed, better on {', '.join(better)} over {gate.get('tasks', '?')} task(s)"
+    if status == "passed":
+        return "rollback", f"{label}: eval gate passed but measured no improvement, and gate-only promotes only a gain"
+    why_gate = inconclusive_reason(gate) if status == "inconclusive" else f"failed: {', '.join(gate.get('regressions') or [])}"
+    return "rollback", f"{label}: eval gate {why_gate}"

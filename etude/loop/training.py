@@ -1,7 +1,7 @@
 """Train a candidate from the served weights on distilled production samples.
 
 The trainer is etude's one trainer, `etude.train.loop.train`, on the `episodes` environment
-(`etude.train.envs.EpisodesEnv`): the distilled samples, converted once by
+(`etude.envs.families.EpisodesEnv`): the distilled samples, converted once by
 `ScoredSample.to_episode()` and written as `Episode.to_dict()` lines, are replayed as the
 rollouts, with the behaviour log-probs logged at serving time (truncated importance sampling,
 PPO clip, AdamW). One response per prompt, so the advantage is the group-free running-mean

@@ -40,7 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
-from etude.errors import EtudeError, NotFound
+from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
 from etude.evals.runner import manifest_model_sha256, model_sha256, resolve_suite
 from etude.paths import home
@@ -422,16 +422,12 @@ class Specialise:
 
         store = open_store(self.cfg.db)
         rep = json.loads((self.out / "report.json").read_text())
-        digest = _dir_digest(self.out / "adapter")
-        name = f"{self.cfg.org}-spec-{digest[:10]}"
-        try:
-            cp = registry.get_checkpoint(store, name)
-        except NotFound:  # not registered yet
-            cp = registry.register_checkpoint(
-                store, name, str(self.out / "adapter"), org=self.cfg.org, state="candidate",
-                meta={"base": self.base, "kind": "specialised", "report": str(self.out / "report.json"),
-                      "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
-        return {"name": cp.name, "state": cp.state}, f"registered {cp.name} as {self.cfg.org}'s candidate"
+        # an immutable snapshot named by its digest, at the org's next version (registry.register_adapter)
+        cp = registry.register_adapter(
+            store, self.cfg.org, self.out / "adapter", self.out / "adapters",
+            meta={"base": self.base, "kind": "specialised", "report": str(self.out / "report.json"),
+                  "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
+        return {"name": cp.name, "state": cp.state, "version": cp.version, "path": cp.path}, f"registered {cp.name} as {self.cfg.org}'s candidate"
 
 
 def _to_bf16(path: Path) -> None:
@@ -441,17 +437,6 @@ def _to_bf16(path: Path) -> None:
 
     tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
     save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def _dir_digest(d: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for f in sorted(d.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(d).as_posix().encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
 
 
 def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dict[str, Any]:

@@ -32,6 +32,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from etude.protocols import (
+    BatchPolicy,
+    ModelPolicy,
+    NativeToolsPolicy,
+    TokenizerPolicy,
+    TokenPolicy,
+    native_tools,
+    policy_name,
+)
 from etude.types import Generation, Message
 
 
@@ -41,7 +50,7 @@ class Job:
     prompt_ids: list[int] | None  # set when the policy encodes prompts itself (LocalPolicy)
     max_tokens: int
     temperature: float
-    top_p: float
+    top_p: float | None  # None: the policy's default
     future: Future[Generation] = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
     meta: dict[str, Any] = field(default_factory=dict)  # queue_s, batch_size; set before the result
@@ -68,19 +77,20 @@ class Batcher:
         self.wait_s = wait_ms / 1000.0
         self.max_wait_s = max(max_wait_ms, wait_ms) / 1000.0
         self.stats = BatchStats()
-        self._stop_ids = set(stop_ids or getattr(policy, "stop_token_ids", ()) or ())
+        self._stop_ids = set(stop_ids or (policy.stop_token_ids if isinstance(policy, TokenPolicy) else ()) or ())
         self._q: queue.Queue[Job | None] = queue.Queue()
         self._closed = False
         self._answered: deque[tuple[float, str]] = deque(maxlen=4 * max_batch)  # (when, client) of answered jobs
         self._last_gen_s = 0.0  # generation time of the last batch
         self._streamer: Any = None  # the step hook of the batch in progress (see _install_step_hook)
+        self._by_ids = isinstance(policy, TokenPolicy)  # checked once: a batcher keeps its policy
         self.steps_visible = self.by_ids and self._install_step_hook()
-        self._thread = threading.Thread(target=self._loop, name=f"batcher-{getattr(policy, 'id', '?')}", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"batcher-{policy_name(policy)[0] or '?'}", daemon=True)
         self._thread.start()
 
     @property
     def by_ids(self) -> bool:
-        return hasattr(self.policy, "encode_prompt") and hasattr(self.policy, "generate_ids")
+        return self._by_ids
 
     def waiting(self) -> int:
         return self._q.qsize()
@@ -135,13 +145,13 @@ class Batcher:
             if first is None:
                 return
             jobs = self._collect(first)
-            groups: dict[tuple[float, float], list[Job]] = {}
+            groups: dict[tuple[float, float | None], list[Job]] = {}
             for j in jobs:
                 groups.setdefault((j.temperature, j.top_p), []).append(j)
             for (temp, top_p), group in groups.items():
                 self._run(group, temp, top_p)
 
-    def _run(self, group: list[Job], temperature: float, top_p: float) -> None:
+    def _run(self, group: list[Job], temperature: float, top_p: float | None) -> None:
         started = time.perf_counter()
         try:
             gens = self._generate(group, temperature, top_p)
@@ -164,10 +174,10 @@ class Batcher:
         # `streamer=` argument to its model's generate() through a wrapper installed here (the
         # server owns this policy object; only this worker thread generates with it). A
         # streamer receives the prompt once, then one (batch,) tensor of new tokens per step.
-        model = getattr(self.policy, "model", None)
-        generate = getattr(model, "generate", None)
-        if model is None or not callable(generate):
+        if not isinstance(self.policy, ModelPolicy) or not callable(getattr(self.policy.model, "generate", None)):
             return False
+        model = self.policy.model
+        generate = model.generate
 
         def with_streamer(*args: Any, **kwargs: Any) -> Any:
             if self._streamer is not None and kwargs.get("streamer") is None:
@@ -177,7 +187,7 @@ class Batcher:
         model.generate = with_streamer
         return True
 
-    def _generate(self, group: list[Job], temperature: float, top_p: float) -> list[Generation]:
+    def _generate(self, group: list[Job], temperature: float, top_p: float | None) -> list[Generation]:
         max_tokens = max(j.max_tokens for j in group)
         if self.by_ids:
             self._streamer = _step_streamer(group, self._stop_ids) if self.steps_visible else None
@@ -192,7 +202,7 @@ class Batcher:
                                                      temperature=temperature, top_p=top_p, seed=seed))
             finally:
                 self._streamer = None
-        if hasattr(self.policy, "generate_batch"):
+        if isinstance(self.policy, BatchPolicy):
             return list(self.policy.generate_batch([j.messages for j in group], [], max_tokens=max_tokens,
                                                    temperature=temperature))
         return [self.policy.generate(j.messages, [], max_tokens=j.max_tokens, temperature=temperature) for j in group]
@@ -201,7 +211,7 @@ class Batcher:
         if len(g.token_ids) <= max_tokens:
             return g
         ids = g.token_ids[:max_tokens]
-        tok = getattr(self.policy, "tokenizer", None)
+        tok = self.policy.tokenizer if isinstance(self.policy, TokenizerPolicy) else None
         text = tok.decode(list(ids), skip_special_tokens=True) if tok is not None else g.text
         return dataclasses.replace(g, text=text, token_ids=ids, logprobs=g.logprobs[:max_tokens], finish_reason="length")
 
@@ -240,7 +250,7 @@ def _step_streamer(jobs: list[Job], stop_ids: set[int]) -> Any:
     return RowStreamer()
 
 
-class BatchedPolicy:
+class BatchedPolicy(NativeToolsPolicy):
     """A `Policy` whose concurrent `generate` calls — one per episode thread, as in evaluation, RL
     rollouts and simulated users — run as batches on one model through a `Batcher`. Each thread
     names itself as the batcher's client, so closed-loop episodes that fell out of step (one was
@@ -254,6 +264,10 @@ class BatchedPolicy:
         return getattr(self.inner, name)
 
     @property
+    def native_tools(self) -> bool:  # declared, so an isinstance check does not rely on __getattr__
+        return native_tools(self.inner)
+
+    @property
     def id(self) -> str:
         return self.inner.id
 
@@ -264,7 +278,7 @@ class BatchedPolicy:
     def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
                  temperature: float = 0.7, top_p: float | None = None, **_: Any) -> Generation:
         job = Job(messages, self.inner.encode_prompt(messages), max_tokens, temperature,
-                  getattr(self.inner, "top_p", 1.0) if top_p is None else top_p,
+                  top_p,  # None: the policy's own default (generate_ids reads it)
                   client=threading.current_thread().name)
         return self.batcher.submit(job).result()
 
@@ -273,4 +287,5 @@ class BatchedPolicy:
 
 
 def batchable(policy: Any) -> bool:
-    return hasattr(policy, "encode_prompt") and hasattr(policy, "generate_ids")
+    """Whether `policy` can sit behind a BatchedPolicy: it renders prompts and samples from ids."""
+    return isinstance(policy, TokenPolicy)

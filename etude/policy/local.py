@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.protocols import BatchPolicy, ModelPolicy, NativeToolsPolicy, TokenizerPolicy, TokenPolicy
 from etude.types import Generation, Message
 
 from .models import load_model
@@ -104,7 +105,7 @@ def completion_ids(tokenizer: Any, message: Message) -> list[int]:
     return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end_of_turn_id(tokenizer))]
 
 
-class LocalPolicy:
+class LocalPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, ModelPolicy, TokenizerPolicy):
     """A transformers causal LM behind `protocols.Policy`, with batched sampling and log-probs."""
 
     native_tools = False

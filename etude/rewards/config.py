@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from etude.configfile import apply_overrides, build, read_toml
+from etude.configfile import build, load_with
 from etude.errors import EtudeError
 
 FlagAction = Literal["void", "penalise", "ignore"]
@@ -106,12 +106,7 @@ class RewardConfig:
     @classmethod
     def from_toml(cls, path: str | Path, table: str = "rewards", overrides: dict[str, Any] | None = None) -> RewardConfig:
         """From a TOML file: its `[rewards]` table if present, else the top level."""
-        data = apply_overrides(read_toml(path, "reward config"), overrides)
-        data = data[table] if isinstance(data.get(table), dict) else data
-        try:
-            return cls.from_dict(data)
-        except EtudeError as e:
-            raise EtudeError(f"{path}: {e}") from None
+        return load_with(cls.from_dict, path, "reward config", table=table, overrides=overrides)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

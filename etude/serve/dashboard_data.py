@@ -5,9 +5,13 @@ the cycle history (every registry transition with its reason) and the hack alarm
 
 The readout (intervals, planned sample size, alarms) is not computed here: the metric
 definitions live in `etude.loop.metrics`, which imports `etude.serve` (tests/test_layers.py
-forbids the way back). The server is handed a `ReadoutFn` instead (`create_app(readout=...)`,
-or `app.state.readout`), e.g. `etude.loop.readout.dashboard_readout(loop_config)`. Without one
-the page shows what the store alone says: users and interactions per arm, and the SRM p-value
+forbids the way back). So `etude serve` (no flag needed) shows the readout the loop *recorded* in
+the store (`registry.record_readout`: when the canary starts — the plan — and after each round,
+with the round's interim decision), marked with its round and time; the arms table beside it
+counts users and interactions live. A server handed a `ReadoutFn` (`create_app(readout=...)` or
+`app.state.readout`, e.g. `etude.loop.readout.dashboard_readout(loop_config)`) recomputes the
+readout on every page load instead. With neither (an experiment set by hand), the page shows
+what the store alone says: users and interactions per arm, and the SRM p-value
 (`etude.experiments.analysis.srm_p`) when the arms are the loop's `control` and `canary`.
 
 Not guaranteed: a consistent snapshot (each part is its own read; a promotion between two reads
@@ -77,8 +81,11 @@ def readout_view(store: SQLStore, org: str | None, exp: registry.Experiment | No
     if exp is None or org is None:
         return None
     if readout is None:
-        return {"unavailable": "this server was started without a readout function (intervals, plan and "
-                               "alarms come from the loop's metrics; see docs/serve.md)",
+        stored = registry.latest_readout(store, exp.id)
+        if stored is not None:
+            return {**stored["readout"], "recorded_at": stored["at"]}
+        return {"unavailable": "no readout recorded for this experiment (the loop records one when its canary starts "
+                               "and after each round; see docs/serve.md)",
                 "srm_p": store_srm(arms_view(store, org, exp))}
     try:
         return readout(store, org, exp) or {"unavailable": "no readout yet (both arms need traffic)"}

@@ -3,7 +3,9 @@
 The loader is injectable so unit tests serve a scripted fake; the default loads
 `LocalPolicy.from_pretrained(checkpoint.path)` and stamps it with the registry's name and
 version, so every logged interaction names the checkpoint that really answered.
-Loading happens once per name (concurrent first requests wait for the same load).
+Loading happens once per name (concurrent first requests wait for the same load). Before a
+load, an adapter's files are checked against the digest registered with it
+(`registry.check_files`): a name never serves weights other than those it was registered with.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from etude.policy.local import LocalPolicy
 from etude.policy.models import load_model, resolve
 from etude.policy.vllm_backend import VLLMPolicy
 from etude.scale.lowp import apply_serving_precision
-from etude.serve.registry import Checkpoint
+from etude.serve.registry import Checkpoint, check_files
 
 Loader = Callable[[Checkpoint], Any]
 
@@ -114,6 +116,7 @@ class PolicyPool:
             with self._lock:
                 if cp.name in self._loaded:
                     return self._loaded[cp.name]
+            check_files(cp)
             batcher = Batcher(self.loader(cp), max_batch=self.max_batch, wait_ms=self.wait_ms,
                               max_wait_ms=self.max_wait_ms)
             with self._lock:

@@ -9,9 +9,20 @@ reads the registry on every request, so a rollback takes effect on the next requ
 
 An experiment (per scope, at most one active) splits `auto` traffic over arms by weight; see
 `router.py` for how users are assigned. What the loop calls: `register_checkpoint`,
-`set_experiment`, `promote`, `rollback`, `stop_experiment`, and `SQLStore.interactions(arm=...)`.
+`set_experiment`, `promote`, `rollback`, `stop_experiment`, `record_readout` (the A/B readout it
+decided on, which `etude serve`'s /dashboard shows), and `SQLStore.interactions(arm=...)`.
 
-Not guaranteed: that a checkpoint's path still exists on disk (the server reports it on load).
+A checkpoint's weights never change under its name. For a LoRA adapter directory (small) the
+registry records the sha256 of its files at registration (`meta["sha256"]`), and the server's
+pool checks it before every load (`check_files`): an adapter directory rewritten in place after
+registration is refused with one line instead of being served under the old name (vLLM once
+served users a stale adapter under a reused name, vllm RFC #48312). `register_adapter` registers
+an adapter the way `etude specialise --register` does: a snapshot copy named by its digest, at
+the next version of its organisation.
+
+Not guaranteed: that a checkpoint's path still exists on disk (the server reports it on load);
+that a full model directory is unchanged (only adapters are hashed: a model is gigabytes); a
+change between the check and the load (the check is not a lock).
 An organisation may route only to shared checkpoints and its own; this is checked here, at
 `set_experiment`, and again by the router on every request. Retiring a checkpoint (by any
 route: promotion of another, rollback, set_state) stops the experiments that route to it.
@@ -19,9 +30,13 @@ route: promotion of another, rollback, set_state) stops the experiments that rou
 
 from __future__ import annotations
 
+import hashlib
+import math
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -83,11 +98,18 @@ def _scope(col: Any, org: str | None) -> Any:
 def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int = 0, org: str | None = None,
                         parent: str | None = None, state: str = "candidate",
                         meta: dict[str, Any] | None = None) -> Checkpoint:
-    """Add a checkpoint (a new name). Registering as "production" goes through `promote`."""
+    """Add a checkpoint (a new name). Registering as "production" goes through `promote`.
+    An adapter directory's digest goes into `meta["sha256"]` (see `check_files`)."""
     if not NAME_RE.match(name or "") or name == "auto":
         raise EtudeError(f"bad checkpoint name {name!r}: letters, digits, '.', '_', '-'; not 'auto'")
     if state not in STATES:
         raise EtudeError(f"unknown state {state!r}: use one of {', '.join(STATES)}")
+    meta = dict(meta or {})
+    digest = adapter_digest(path)
+    if digest is not None:
+        if meta.get("sha256", digest) != digest:
+            raise EtudeError(f"adapter {path}: its files hash to {digest[:12]}, not the sha256 {meta['sha256'][:12]} given")
+        meta["sha256"] = digest
     now = time.time()
     with store.write() as conn:
         if conn.execute(sa.select(t.checkpoints.c.name).where(t.checkpoints.c.name == name)).first():
@@ -96,13 +118,72 @@ def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int =
             store.ensure_org(org, conn)
         conn.execute(t.checkpoints.insert().values(
             name=name, org_id=org, path=str(path), version=int(version), state="candidate", parent=parent,
-            created_at=now, updated_at=now, meta=dict(meta or {})))
+            created_at=now, updated_at=now, meta=meta))
         _event(conn, name, None, "candidate", "registered")
         if state == "production":
             _promote(conn, name)
         elif state != "candidate":
             _set_state(conn, name, state, "registered")
     return get_checkpoint(store, name)
+
+
+def adapter_digest(path: str | Path) -> str | None:
+    """sha256 over the relative names and bytes of a LoRA adapter directory's files (one with
+    peft's adapter_config.json), or None for anything else."""
+    d = Path(path)
+    if not (d / "adapter_config.json").is_file():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(d.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(d).as_posix().encode() + b"\0")
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def check_files(cp: Checkpoint) -> None:
+    """Refuse (EtudeError, one line) an adapter whose files differ from those registered."""
+    want = cp.meta.get("sha256")
+    if not want:
+        return
+    got = adapter_digest(cp.path)
+    if got != want:
+        now = "it is no longer an adapter directory" if got is None else f"its files now hash to {got[:12]}"
+        raise EtudeError(f"checkpoint {cp.name!r}: the adapter at {cp.path} changed since it was registered (sha256 "
+                         f"{want[:12]}; {now}); a checkpoint's weights never change: register the new ones under a new name")
+
+
+def next_version(store: SQLStore, org: str | None) -> int:
+    """1 + the highest version among the scope's own checkpoints (retired ones included)."""
+    c = t.checkpoints.c
+    with store.read() as conn:
+        top = conn.execute(sa.select(sa.func.max(c.version)).where(_scope(c.org_id, org))).scalar()
+    return int(top or 0) + 1
+
+
+def register_adapter(store: SQLStore, org: str, adapter: str | Path, snapshots: str | Path, *,
+                     prefix: str | None = None, meta: dict[str, Any] | None = None) -> Checkpoint:
+    """Register an org's LoRA adapter as an immutable, versioned checkpoint: its files are copied
+    to `snapshots/<digest[:16]>` (a later run that rewrites `adapter` in place cannot touch what
+    is served), the name is `<prefix or org-spec>-<digest[:10]>` and the version the org's next.
+    The same files registered again return the existing checkpoint (same name, same version)."""
+    digest = adapter_digest(adapter)
+    if digest is None:
+        raise EtudeError(f"{adapter} is not a LoRA adapter directory (no adapter_config.json)")
+    name = f"{prefix or f'{org}-spec'}-{digest[:10]}"
+    try:
+        return get_checkpoint(store, name)
+    except NotFound:
+        pass
+    snap = Path(snapshots) / digest[:16]
+    if adapter_digest(snap) != digest:  # absent, or a half-finished copy of an earlier try
+        tmp = snap.with_name(snap.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(adapter, tmp)
+        shutil.rmtree(snap, ignore_errors=True)
+        tmp.rename(snap)
+    return register_checkpoint(store, name, str(snap), version=next_version(store, org), org=org,
+                               meta={**(meta or {}), "sha256": digest, "source": str(adapter)})
 
 
 def get_checkpoint(store: SQLStore, name: str) -> Checkpoint:
@@ -312,3 +393,33 @@ def _stop_experiments_using(conn: sa.Connection, name: str) -> None:
     for r in conn.execute(sa.select(t.experiments).where(x.status == "active")).all():
         if any(a["checkpoint"] == name for a in r.arms):
             conn.execute(t.experiments.update().where(x.id == r.id).values(status="stopped", updated_at=time.time()))
+
+
+# -- readouts -------------------------------------------------------------------------------
+def record_readout(store: SQLStore, exp_id: str, readout: dict[str, Any]) -> None:
+    """Keep one readout of an experiment (the loop records each it decides on). Non-finite
+    numbers are stored as null (JSON has none)."""
+    exp = get_experiment(store, exp_id)
+    with store.write() as conn:
+        conn.execute(t.experiment_readouts.insert().values(experiment_id=exp_id, org_id=exp.org_id, at=time.time(),
+                                                           readout=_finite(readout)))
+
+
+def latest_readout(store: SQLStore, exp_id: str) -> dict[str, Any] | None:
+    """{"at": epoch seconds, "readout": {...}} of the newest recorded readout, or None."""
+    r = t.experiment_readouts.c
+    with store.read() as conn:
+        row = conn.execute(sa.select(r.at, r.readout).where(r.experiment_id == exp_id).order_by(r.id.desc())).first()
+    return None if row is None else {"at": row.at, "readout": dict(row.readout)}
+
+
+def _finite(x: Any) -> Any:
+    if type(x).__module__ == "numpy" and hasattr(x, "item"):  # numpy scalars (analyze's figures)
+        x = x.item()
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

@@ -22,6 +22,7 @@ from etude.errors import EtudeError, NotFound
 from etude.feedback.followup_model import EmbeddingFollowupClassifier, classify
 from etude.harness import parse_output
 from etude.policy.batcher import Batcher, Job
+from etude.protocols import native_tools
 from etude.serve.api import Answer, ApiError, ChatRequest, to_messages, tool_calls_json, tool_schemas, with_tools_prompt
 from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
@@ -82,7 +83,11 @@ class ChatService:
         iid = new_id("chatcmpl")
         session_id = session or iid  # no session header: the request is a session of its own
         route = await asyncio.to_thread(self._route, org, req.model, req.user or "", session)
-        batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        try:
+            batcher = await asyncio.to_thread(self.pool.get, route.checkpoint)
+        except EtudeError as e:  # e.g. an adapter rewritten since registration: one line, nothing logged
+            raise ApiError(503, f"checkpoint {route.checkpoint.name} cannot be served: {e}",
+                           code="checkpoint_unavailable") from None
         if batcher.waiting() >= self.cfg.max_queue:
             raise ApiError(429, f"{route.checkpoint.name} has {batcher.waiting()} requests waiting; retry shortly",
                            code="server_busy")
@@ -125,7 +130,7 @@ class ChatService:
 
     def _job(self, batcher: Batcher, messages: list[Message], tools: list[dict[str, Any]], s: Sampling) -> Job:
         pol = batcher.policy
-        prompt_msgs = messages if getattr(pol, "native_tools", False) else with_tools_prompt(messages, tools)
+        prompt_msgs = messages if native_tools(pol) else with_tools_prompt(messages, tools)
         ids = None
         if batcher.by_ids:
             try:

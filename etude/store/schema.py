@@ -72,6 +72,17 @@ experiments = Table(
     Column("updated_at", Float, nullable=False),
 )
 
+experiment_readouts = Table(
+    "experiment_readouts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("experiment_id", String(128), nullable=False, index=True),
+    Column("org_id", String(128), nullable=True),  # the experiment's scope
+    Column("at", Float, nullable=False),
+    # what the loop decided on: {"round", "ab", "plan", "primary", "arm_ratios", "alarms", "decision", "reason"}
+    Column("readout", JSON, nullable=False),
+)
+
 sessions = Table(
     "sessions",
     metadata,

@@ -69,13 +69,14 @@ class HistoryConfig:
     """Requirements the tests need beyond what the project declares."""
 
 
-def _git_env() -> dict[str, str]:
+def git_env() -> dict[str, str]:
+    """The environment without the variables that would point git at another repository."""
     drop = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], env=_git_env(), capture_output=True, text=True,
+    proc = subprocess.run(["git", "-C", str(repo), *args], env=git_env(), capture_output=True, text=True,
                           errors="surrogateescape")  # fmt: skip
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["git failed"]
@@ -88,7 +89,7 @@ def check_repo(repo: Path) -> Path:
     if not repo.is_dir():
         raise EtudeError(f"not a git repository (not a directory): {repo}")
     top = repo.resolve()
-    env = dict(_git_env(), GIT_CEILING_DIRECTORIES=str(top.parent))
+    env = dict(git_env(), GIT_CEILING_DIRECTORIES=str(top.parent))
     proc = subprocess.run(["git", "-C", str(top), "rev-parse", "--show-toplevel"], env=env, capture_output=True,
                           text=True)  # fmt: skip
     if proc.returncode != 0 or Path(proc.stdout.strip()).resolve() != top:
@@ -101,7 +102,7 @@ def commits(repo: Path, since: str | None, until: str) -> list[tuple[str, list[s
     no commit."""
     for rev in [r for r in (since, until) if r]:
         proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", "--end-of-options",
-                               f"{rev}^{{commit}}"], env=_git_env(), capture_output=True, text=True)  # fmt: skip
+                               f"{rev}^{{commit}}"], env=git_env(), capture_output=True, text=True)  # fmt: skip
         if proc.returncode != 0:
             raise EtudeError(f"{rev!r} names no commit in {repo}")
     spec = f"{since}..{until}" if since else until
@@ -202,6 +203,17 @@ def _cheap_reason(changed: list[str]) -> str | None:
 
 
 @dataclass(frozen=True)
+class CommitOutcome:
+    """What became of one scanned commit (bench/history.py keeps one record per commit)."""
+
+    commit: str
+    outcome: str  # "kept" or the skip reason
+    build_s: float | None = None  # exporting the trees, the snapshot and the test environment
+    validate_s: float | None = None  # the test runs at the commit and at the parent
+    task: Task | None = None  # the kept task (so a caller can save each as it comes)
+
+
+@dataclass(frozen=True)
 class _Candidate:
     proto: Task
     targets: list[str]
@@ -272,13 +284,25 @@ _VERDICT_REASON = {"timed out": "timeout", "no FAIL_TO_PASS test": "tests-pass-b
                    "no PASS_TO_PASS test": "no-pass-to-pass"}  # fmt: skip
 
 
-def _judge(c: _Candidate, cfg: HistoryConfig, say: Progress) -> Task | str:
-    """Run the commit's test files at both states and validate; the task or why it is skipped."""
+def _judge(c: _Candidate, cfg: HistoryConfig, say: Progress, times: dict[str, float]) -> Task | str:
+    """Run the commit's test files at both states and validate; the task or why it is skipped.
+    `times` gains build_s (the test environment) and validate_s (the test runs)."""
     proto, t0 = c.proto, time.monotonic()
     try:
         task_env(proto)
     except EtudeError:
         return "deps-unresolvable"
+    finally:
+        times["build_s"] = times.get("build_s", 0.0) + time.monotonic() - t0
+    t0 = time.monotonic()
+    try:
+        return _validate(c, cfg, say, t0)
+    finally:
+        times["validate_s"] = time.monotonic() - t0
+
+
+def _validate(c: _Candidate, cfg: HistoryConfig, say: Progress, t0: float) -> Task | str:
+    proto = c.proto
     try:
         say("tests at the commit")
         gold = run_state(proto, [proto.test_patch, proto.patch], cfg.runs, c.targets)
@@ -304,12 +328,13 @@ def summary(scanned: int, kept: int, skipped: Counter) -> str:
     return f"scanned {scanned} commit(s), kept {kept}" + (f"; skipped: {why}" if why else "")
 
 
-def mine_history(repo: Path, cfg: HistoryConfig | None = None,
-                 progress: Progress | None = None) -> tuple[list[Task], Counter]:  # fmt: skip
+def mine_history(repo: Path, cfg: HistoryConfig | None = None, progress: Progress | None = None,
+                 on_commit: Callable[[CommitOutcome], None] | None = None) -> tuple[list[Task], Counter]:  # fmt: skip
     """Validated tasks from the repository's commits and the skip counts by reason; an error
     (exit 2) for a path that is not a git repository, a range that names no commit, or when no
     commit could be mined. Snapshots and templates this run created for commits it did not keep
-    are removed again; nothing that was already cached is changed."""
+    are removed again; nothing that was already cached is changed. `on_commit` hears what became
+    of each scanned commit, with its build and validation seconds."""
     cfg = cfg or HistoryConfig()
     if cfg.runs < 2:
         raise EtudeError("validation needs at least two runs of each state")
@@ -325,11 +350,16 @@ def mine_history(repo: Path, cfg: HistoryConfig | None = None,
             if cfg.max_tasks is not None and len(tasks) >= cfg.max_tasks:
                 break
             scanned += 1
-            result = _one(top, sha, parents, cfg, _prefixed(say, f"commit {i}/{len(rows)} {sha[:10]}"), created)
+            times: dict[str, float] = {}
+            result = _one(top, sha, parents, cfg, _prefixed(say, f"commit {i}/{len(rows)} {sha[:10]}"), created, times)
             if isinstance(result, str):
                 skipped[result] += 1
             else:
                 tasks.append(result)
+            if on_commit is not None:
+                kept = None if isinstance(result, str) else result
+                on_commit(CommitOutcome(sha, "kept" if kept else str(result), times.get("build_s"),
+                                        times.get("validate_s"), kept))  # fmt: skip
     finally:
         _discard(created, tasks)
     if not tasks:
@@ -342,20 +372,22 @@ def _prefixed(say: Progress, prefix: str) -> Progress:
 
 
 def _one(repo: Path, sha: str, parents: list[str], cfg: HistoryConfig, say: Progress,
-         created: list[_Candidate]) -> Task | str:  # fmt: skip
+         created: list[_Candidate], times: dict[str, float]) -> Task | str:  # fmt: skip
     if len(parents) != 1:
         return "merge" if parents else "root-commit"
     changed = _changed(repo, parents[0], sha)
     reason = _cheap_reason(changed)
     if reason is not None:
         return reason
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="etude-history-") as tmp:
         say("exporting trees")
         c = _candidate(repo, sha, parents[0], changed, cfg, Path(tmp))
+    times["build_s"] = time.monotonic() - t0
     if isinstance(c, str):
         return c
     created.append(c)
-    return _judge(c, cfg, say)
+    return _judge(c, cfg, say, times)
 
 
 def _discard(created: Sequence[_Candidate], kept: Sequence[Task]) -> None:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from etude.configfile import parse_set
 from etude.errors import EtudeError
 from etude.scale.lowp import check_precision
 from etude.train import distributed, load_config, train
 from etude.train.config import with_rollout_backend
+from etude.train.overrides import ConfigOpt, OutOpt, SetOpt, TestSplitOpt, run_dir, run_overrides
 from etude.train.sft_cli import register_sft
 
 
@@ -21,32 +20,30 @@ def register(app: typer.Typer) -> None:
 
     @app.command("train")
     def train_cmd(
-        config: Annotated[Path, typer.Option("--config", help="TOML training config (see configs/tiny.toml).")],
-        out: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/<config name>).")] = None,
-        set_: Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set steps=3 --set loss.kl_coef=0.1")] = None,
+        config: ConfigOpt("training", "configs/tiny.toml"),
+        out: OutOpt = None,
+        set_: SetOpt("--set steps=3 --set loss.kl_coef=0.1") = None,
         fresh: Annotated[bool, typer.Option("--fresh", help="Start over: delete --out's checkpoints (default: resume).")] = False,
         nproc: Annotated[int, typer.Option("--nproc", help="Ranks on this machine: the learner is sharded with FSDP2 (gloo on CPU, NCCL on GPUs); rollouts on rank 0.")] = 1,
         backend: Annotated[str | None, typer.Option("--backend", help="Rollout engine: hf or vllm (sets rollout_backend; vllm samples in-process, so it also sets use_ray = false unless --set says otherwise; needs `make setup-vllm`).")] = None,
-        allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Train or validate on sealed test-split packages anyway; the run is marked contaminated.")] = False,
+        allow_test_split: TestSplitOpt("Train or validate") = False,
     ) -> None:
         """Train a policy with RL (GRPO/PPO, importance-corrected); resumes from OUT's latest checkpoint."""
-        overrides = parse_set(set_ or [])
-        if allow_test_split:
-            overrides["allow_test_split"] = True
+        overrides = run_overrides(set_, allow_test_split)
         if backend is not None:
             overrides = with_rollout_backend(overrides, backend)
         cfg = load_config(config, overrides)
-        run_dir = out or Path("runs") / config.stem
+        where = run_dir(out, config)
         if nproc != 1:
             _launch(cfg, nproc)
             return
-        res = train(cfg, run_dir, resume=not fresh)
+        res = train(cfg, where, resume=not fresh)
         if res.get("rank", 0) != 0:
             return  # rank 0 reports for the run
         last = res["last"] or {}
         evals = res["evals"]
         print(json.dumps({
-            "out": str(run_dir), "steps": res["steps"], "checkpoint": res["checkpoint"],
+            "out": str(where), "steps": res["steps"], "checkpoint": res["checkpoint"],
             "resumed_from": res["resumed_from"], "reward": last.get("reward"),
             "eval_resolved": [e["eval/resolved"] for e in evals], "world_size": res.get("world_size", 1),
             **({"contamination": res["contamination"]} if res.get("contamination") else {}),

@@ -220,10 +220,6 @@ class TrainConfig:
         return build(cls, d, "")
 
 
-def _build(typ: Any, d: Any, where: str) -> Any:
-    return build(typ, d, where)  # the one loader's checks (etude.configfile)
-
-
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a TOML config; `overrides` are dotted keys ("loss.kl_coef") applied on top."""
     return load(TrainConfig, path, "train config", overrides=overrides)

@@ -19,12 +19,12 @@ import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 
 from etude.errors import EtudeError
-from etude.policy.models import load_model
 from etude.scale.lowp import apply_training_precision, check_precision
 from etude.scale.lowp import autocast_for as _autocast
 from etude.scale.moe import is_moe, replay_packed
@@ -38,8 +38,10 @@ from etude.train.distributed import (
     single_mesh,
     split_groups,
 )
-from etude.train.lora import wrap_lora
+from etude.train.lora import load_trainable
 from etude.train.losses import LossConfig, sample_loss
+from etude.train.optim import adamw, lr_at, optimizer_step
+from etude.train.packing import first_fit_decreasing
 
 
 @dataclass
@@ -118,19 +120,7 @@ def pack(samples: Sequence[Sample], budget: int, *, share_prefix: bool = False) 
                 chunk.append(i)
                 cost += c
             units.append((cost, chunk))
-    units.sort(key=lambda u: -u[0])
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for n, members in units:
-        for r, free in enumerate(room):
-            if n <= free:
-                rows[r].extend(members)
-                room[r] -= n
-                break
-        else:
-            rows.append(list(members))
-            room.append(budget - n)
-    return rows
+    return first_fit_decreasing(units, budget)
 
 
 def _layout(samples: Sequence[Sample], share_prefix: bool) -> tuple[list[int], list[int], list[int], list[int],
@@ -218,10 +208,7 @@ def _routing(model: Any, samples: Sequence[Sample], stats: Any) -> contextlib.Ab
 
 def build_model(cfg: TrainConfig) -> tuple[Any, Any]:
     """The model to train (LoRA-wrapped if configured) and its tokenizer."""
-    model, tok = load_model(cfg.model)
-    if cfg.lora.enabled:
-        model = wrap_lora(model, cfg.lora)
-    return model, tok
+    return load_trainable(cfg.model, cfg.lora)
 
 
 def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -271,13 +258,9 @@ class Learner:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.param_names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        # fused AdamW (one kernel over all parameters) on CPU and CUDA; the for-each loop elsewhere;
         # one parameter at a time when they sit on several device meshes (expert parallelism)
-        fused = bool(self.params) and self.params[0].device.type in ("cpu", "cuda")
-        per_param = dist is not None and not _single_mesh(self.params)
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                                     fused=False if per_param else (fused or None),
-                                     foreach=False if per_param else None)
+        self.opt = adamw(self.params, cfg.lr, cfg.weight_decay,
+                         per_param=dist is not None and not _single_mesh(self.params))
         self.updates = 0
         self.share = cfg.share_prefix and not is_moe(model)
 
@@ -286,9 +269,7 @@ class Learner:
         return next(self.model.parameters()).device
 
     def lr_at(self, update: int) -> float:
-        if self.cfg.warmup_steps <= 0:
-            return self.cfg.lr
-        return self.cfg.lr * min(1.0, (update + 1) / self.cfg.warmup_steps)
+        return lr_at(update, self.cfg.lr, self.cfg.warmup_steps)
 
     def _ref_logprobs(self, rows: list[list[Sample]]) -> list[list[torch.Tensor]] | None:
         if self.cfg.loss.kl_coef <= 0:
@@ -339,14 +320,10 @@ class Learner:
     def _epoch(self, rows: list[list[Sample]], prox: Any, ref: Any) -> dict[str, float]:
         self.opt.zero_grad(set_to_none=True)
         stats = self.backward(rows, prox, ref)
-        if self.dist is not None:
-            grad_norm = clip_grad_norm(self.params, self.cfg.max_grad_norm, self.model, self.dist)
-        else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm))
+        clip = (partial(clip_grad_norm, self.params, self.cfg.max_grad_norm, self.model, self.dist)
+                if self.dist is not None else None)
         lr = self.lr_at(self.updates)
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        self.opt.step()
+        grad_norm = optimizer_step(self.opt, self.params, lr, self.cfg.max_grad_norm, clip)
         self.updates += 1
         return {**stats, "grad_norm": grad_norm, "lr": lr}
 

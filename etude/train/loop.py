@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from etude.envs.families import make_env
 from etude.errors import EtudeError
 from etude.policy.vllm_backend import require_vllm
 from etude.protocols import Env
@@ -29,7 +30,6 @@ from etude.train import distributed
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
 from etude.train.config import TrainConfig
 from etude.train.distributed import broadcast_object, full_optimizer_tensors
-from etude.train.envs import make_env
 from etude.train.learner import Learner, Sample
 from etude.train.losses import RunningBaseline, group_advantages, token_weights
 from etude.train.metrics import MetricsWriter, read_metrics

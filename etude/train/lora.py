@@ -1,6 +1,6 @@
 """LoRA wrapping and export, one place for the RL learner and the SFT trainer.
 
-`wrap_lora` puts a fresh peft adapter on a model, or continues one (`LoraConfig.init`: an adapter
+`load_trainable` loads a model to train (LoRA-wrapped when configured); `wrap_lora` puts a fresh peft adapter on a model, or continues one (`LoraConfig.init`: an adapter
 directory, e.g. an SFT stage's, trained further by RL). `save_adapter` writes the adapter alone
 (peft's adapter_config.json + adapter_model.safetensors: small, loaded on its base by `etude serve`,
 `etude eval` and vLLM); `merge_and_save` writes base + adapter as a plain model directory.
@@ -29,6 +29,18 @@ def wrap_lora(model: Any, cfg: LoraConfig) -> Any:
     lcfg = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                            target_modules=list(cfg.target_modules), task_type="CAUSAL_LM")
     return peft.get_peft_model(model, lcfg)
+
+
+def load_trainable(model: str, cfg: LoraConfig, *, fp32: bool = False, device: Any = None) -> tuple[Any, Any]:
+    """`model` (a name or directory) and its tokenizer, ready to train: in fp32 and on `device`
+    first when asked (so a fresh adapter is made in fp32 beside fp32 weights), then LoRA-wrapped
+    when `cfg.enabled`. The RL learner and the SFT trainer both build their model here."""
+    m, tok = load_model(model)
+    if fp32:
+        m.float()
+    if device is not None:
+        m.to(device)
+    return (wrap_lora(m, cfg) if cfg.enabled else m), tok
 
 
 def _atomic_save(out: Path, write: Any) -> Path:

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from etude.envs.families import make_env
 from etude.policy.local import LocalPolicy
 from etude.policy.vllm_backend import VLLMPolicy, engine_state, require_vllm
+from etude.protocols import ModelPolicy
 from etude.raycluster import connect, ray_module
 from etude.train.config import TrainConfig
-from etude.train.envs import make_env
 from etude.train.learner import apply_state, build_model
 from etude.types import Episode, Problem
 
@@ -88,7 +89,7 @@ class LocalExecutor:
 
     def publish(self, version: int, learner: Any) -> None:
         pol = self.worker.policy
-        if getattr(pol, "model", None) is learner.model:
+        if isinstance(pol, ModelPolicy) and pol.model is learner.model:
             pol.version = version  # same model object: nothing to copy
             return
         t0 = time.perf_counter()
@@ -97,7 +98,7 @@ class LocalExecutor:
 
     def close(self) -> None:
         self._pending.clear()
-        if getattr(self.worker.policy, "model", None) is None and hasattr(self.worker.policy, "close"):
+        if isinstance(self.worker.policy, VLLMPolicy):
             self.worker.policy.close()  # a separate engine (vLLM): stop its process
 
 

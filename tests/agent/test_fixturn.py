@@ -1,4 +1,4 @@
-"""The edit turn of a task (etude.train.fixturn, env `fix`, bench/fix_probe.py): a reply is a right
+"""The edit turn of a task (etude.envs.fixturn, env `fix`, bench/fix_probe.py): a reply is a right
 fix only when its edit applies once and gives the gold file (layout aside); an edit elsewhere, a
 malformed call or an ambiguous old_str is not, and the reward ranks them in that order. On real
 tasks, the env's prompts are drill conversations that stop before the edit, the gold edit scores
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from etude.train.fixturn import REWARDS, edit_reward, score_edit
+from etude.envs.fixturn import REWARDS, edit_reward, score_edit
 from tests.agent import TINY_STEP, train_cli
 
 SRC = "def f(a, b):\n    if a < b:\n        return a\n    return b\n"
@@ -54,9 +54,9 @@ def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then
 
 
 def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key_in_one_line():
+    from etude.envs.families import make_env
     from etude.errors import EtudeError
     from etude.train.config import EnvConfig
-    from etude.train.envs import make_env
 
     with pytest.raises(EtudeError, match="tasks_file"):
         make_env(EnvConfig(name="fix"))
@@ -69,10 +69,10 @@ def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key_in_one_lin
 @pytest.mark.slow
 def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_path, isodate_tasks, task_cache):
     from etude.envs.expert import gold_hunk
+    from etude.envs.families import FixTurnEnv
     from etude.tasks import save_tasks
     from etude.tasks.curriculum import _restate
     from etude.tasks.fetch import fetch_sdist
-    from etude.train.envs import FixTurnEnv
 
     root = fetch_sdist("isodate", "0.7.2").root
     tasks = [t2 for t in isodate_tasks if len(t.strategy.split("+")) == 1 and (t2 := _restate(t, 1, root))]
@@ -105,8 +105,8 @@ def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_p
 def test_drill_cache_is_one_file_per_harness_whatever_the_temperature(tmp_path, monkeypatch):
     import dataclasses
 
+    from etude.envs.fixturn import drill_cache
     from etude.harness import HarnessConfig
-    from etude.train.fixturn import drill_cache
 
     monkeypatch.setenv("ETUDE_CACHE", str(tmp_path))
     hc = HarnessConfig(max_steps=6)

@@ -78,8 +78,8 @@ def test_one_grpo_step_over_whole_episodes(tmp_path, isodate_tasks, task_cache):
 def test_an_env_built_directly_refuses_a_misspelt_key_and_make_env_gives_each_its_own():
     """Regression: every env constructor ended in `**_`, so `TasksEnv(tasks_fil=...)` was silently
     the default suite; make_env passed every config field to every env to make that work."""
+    from etude.envs.families import ArithEnv, make_env
     from etude.train.config import EnvConfig
-    from etude.train.envs import ArithEnv, make_env
 
     with pytest.raises(TypeError, match="tasks_fil"):
         TasksEnv(tasks_fil="x.jsonl")

@@ -53,3 +53,33 @@ def test_report_shows_heldout_stages_and_side_by_side(tmp_path):
     assert "pkg__synth-x" in page and "prose &lt;b&gt;" in page and "&lt;tool_call&gt;" in page
     assert (tmp_path / "plots" / "heldout.png").stat().st_size > 1000
     assert (tmp_path / "plots" / "sft.png").stat().st_size > 1000
+
+
+def test_the_org_cycle_shows_its_decision_and_the_numbers_that_made_it(tmp_path):
+    gate_only = {"decision": "rollback", "basis": "gate-only", "primary": "accept_rate",
+                 "reason": "gate-only decision (the plan needs 811/811 users per arm …): eval gate inconclusive",
+                 "eval": {"gate": "inconclusive", "tasks": 30, "production_resolved": 0.1, "candidate_resolved": 0.2,
+                          "metrics": {"resolved": {"delta": 0.1, "ci_low": -0.05, "ci_high": 0.25}}},
+                 "plan": {"mode": "gate-only", "mde": 0.139, "source": "candidate acme-spec-1: held out 18/60 -> 27/60",
+                          "users_per_arm": [811, 811], "reach": [2.0, 2.0], "line": "the plan needs 811/811 users per arm"},
+                 "ab": None, "alarms": None, "canary": {}}
+    page = write_report(tmp_path, {"stages": [], "cycle_report": gate_only}).read_text()
+    assert "What decided it" in page and "rollback (basis: gate-only)" in page
+    assert "inconclusive on 30 held-out task(s): resolved 10.0% (production) → 20.0% (candidate)" in page
+    assert "Δ +10.0% [-5.0%, +25.0%]" in page
+    assert "users per arm planned 811/811, window reaches 2/2" in page and "18/60 -&gt; 27/60" in page
+
+    readout = {"decision": "promote", "basis": "readout", "primary": "accept_rate", "reason": "significantly better",
+               "eval": {"gate": "passed", "tasks": 30, "production_resolved": 0.3, "candidate_resolved": 0.45,
+                        "metrics": {"resolved": {"delta": 0.15, "ci_low": 0.02, "ci_high": 0.28}}},
+               "plan": {"mode": "ab", "mde": 0.14, "source": "[canary] mde", "users_per_arm": [200, 200],
+                        "reach": [250.0, 250.0], "line": ""},
+               "ab": {"users": {"control": 240, "treatment": 236}, "srm_p": 0.85,
+                      "metrics": {"accept_rate": {"delta": 0.12, "ci_low": 0.04, "ci_high": 0.2, "msprt_ci_low": 0.01,
+                                                  "msprt_ci_high": 0.23, "msprt_p": 0.003}}},
+               "alarms": [{"metric": "edit_rate", "fired": False}], "canary": {"rounds": 3}}
+    page = write_report(tmp_path, {"stages": [], "cycle_report": readout}).read_text()
+    assert "promote (basis: readout)" in page and "control 240, canary 236 after 3 round(s); SRM p 0.85" in page
+    assert "lift +12.0% [+4.0%, +20.0%], always-valid [+1.0%, +23.0%], mSPRT p 0.003" in page
+    assert "accept_rate (primary)" in page and "none fired" in page
+    assert "no cycle" in write_report(tmp_path, {"stages": []}).read_text()

@@ -7,8 +7,8 @@ from etude.evals.summary import summarise
 from etude.types import Task
 
 
-def task(iid):
-    return Task(instance_id=iid, repo="r", base_commit="b", patch="", test_patch="", problem_statement="p")
+def task(iid, repo="r"):
+    return Task(instance_id=iid, repo=repo, base_commit="b", patch="", test_patch="", problem_statement="p")
 
 
 def rec(iid, k, resolved, adherence=None, tokens=100, status="ok", flags=()):
@@ -30,3 +30,14 @@ def test_rates_pass_at_k_errors_and_missing():
     assert s["adherence"]["score"]["mean"] == pytest.approx(0.75) and s["adherence"]["score"]["n"] == 1
     assert s["efficiency"]["tokens"]["median"] == 100 and s["efficiency"]["tokens"]["total"] == 500
     assert s["flags"] == {"conftest_edit": 1}
+
+
+def test_a_suite_of_several_repositories_is_also_summarised_per_repository():
+    tasks = [task("a", "o/x"), task("b", "o/x"), task("c", "o/y")]
+    records = [rec("a", 0, True, 1.0, 100), rec("b", 0, False, 0.5, 300), rec("c", 0, False, None, 50)]
+    s = summarise(records, tasks, EvalConfig(), {"model": "m", "suite_sha256": "x"})
+    x, y = s["by_repo"]["o/x"], s["by_repo"]["o/y"]
+    assert x["tasks"] == 2 and x["resolved_rate"]["mean"] == pytest.approx(0.5) and x["tokens"]["mean"] == 200
+    assert y["tasks"] == 1 and y["resolved_rate"]["mean"] == 0 and y["adherence"]["n"] == 0
+    one = summarise(records[:2], tasks[:2], EvalConfig(), {"model": "m", "suite_sha256": "x"})
+    assert "by_repo" not in one  # one repository: the totals are its figures

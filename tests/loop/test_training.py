@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from etude.envs.families import EpisodesEnv
 from etude.errors import EtudeError
 from etude.loop.config import TrainSection
 from etude.loop.training import train_candidate, train_config
 from etude.train.config import TrainConfig
-from etude.train.envs import EpisodesEnv
 from etude.types import Episode, TurnSample
 
 

@@ -58,7 +58,9 @@ def test_specialise_end_to_end(tmp_path, org_repo, monkeypatch):
 
     store = open_store()
     cp = registry.get_checkpoint(store, rep["registered"]["name"])
-    assert cp.org_id == "acme" and cp.state == "candidate" and cp.path == str(out / "adapter")
+    assert cp.org_id == "acme" and cp.state == "candidate" and cp.version == 1
+    assert cp.path == str(out / "adapters" / cp.meta["sha256"][:16])  # an immutable snapshot of out/adapter
+    assert registry.adapter_digest(cp.path) == registry.adapter_digest(out / "adapter") == cp.meta["sha256"]
     assert cp.visible_to("acme") and not cp.visible_to("globex")
     assert all(c.name != cp.name for c in registry.list_checkpoints(store, "globex", include_retired=True)
                if c.org_id is not None)

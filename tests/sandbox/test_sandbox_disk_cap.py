@@ -20,6 +20,7 @@ import pytest
 import etude.sandbox.workspace as wsmod
 from etude.errors import EtudeError
 from etude.sandbox import Workspace, run
+from tests.sandbox.crash import crash_leaving_workspace
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="loop-mounting the disk image needs a root launcher")
 MiB = 2**20
@@ -132,16 +133,8 @@ def test_the_memory_check_above_fails_on_a_tmpfs_layer(tmp_path: Path, cfg) -> N
 
 @needs_root
 def test_a_crashed_workspace_is_swept_with_its_image_and_loop_device(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     tpl, root = _template(tmp_path), tmp_path / "wsroot"
-    code = (
-        "import os\nfrom etude.sandbox import Workspace\n"
-        f"w = Workspace.create({str(tpl)!r}, root={str(root)!r}, disk_mb=16)\nprint(w.base, flush=True)\nos._exit(1)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
-    base = Path(out.stdout.split()[0])
+    base, _ = crash_leaving_workspace(tpl, root, disk_mb=16)
     assert (base / "disk").is_mount() and (base / "disk.img").exists() and _loops_backed_by(root)
     assert wsmod.sweep_stale(root) == 1
     assert not base.exists()

@@ -6,7 +6,6 @@ import filecmp
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from etude.errors import EtudeError
 from etude.sandbox import Workspace, run
 from etude.sandbox.diff import IGNORED_DIRS
+from tests.sandbox.crash import crash_leaving_workspace
 
 # overlayfs is mounted by the launcher, which must be root; elsewhere those cases skip (loudly).
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="overlay workspaces need a root launcher")
@@ -154,12 +154,7 @@ def test_many_overlays_at_once(tmp_path: Path) -> None:
 @needs_root
 def test_workspace_left_by_a_crashed_process_is_swept(tmp_path: Path) -> None:
     tpl, root = make_template(tmp_path), tmp_path / "wsroot"
-    code = (
-        "import os, sys\nfrom etude.sandbox import Workspace\n"
-        f"w = Workspace.create({str(tpl)!r}, root={str(root)!r})\nprint(w.base, w.path, flush=True)\nos._exit(1)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False).stdout.split()
-    base, merged = Path(out[0]), Path(out[1])
+    base, merged = crash_leaving_workspace(tpl, root)
     assert base.exists() and merged.is_mount() and (base / "disk").is_mount()  # the crash left both mounts behind
     with Workspace.create(tpl, root=root) as fresh:
         assert not base.exists() and not merged.is_mount()

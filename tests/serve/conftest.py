@@ -76,7 +76,7 @@ class Running:
         return self.store.create_key(org)
 
 
-def start_server(tmp_path: Any, delay_s: float = 0.0, real_loader: bool = False,
+def start_server(tmp_path: Any, delay_s: float = 0.0, real_loader: bool = False, loader: Any = None,
                  **cfg_kw: Any) -> tuple[Running, Any, threading.Thread]:
     import uvicorn
 
@@ -85,7 +85,7 @@ def start_server(tmp_path: Any, delay_s: float = 0.0, real_loader: bool = False,
 
     policies: dict[str, ScriptedServePolicy] = {}
 
-    def loader(cp: Any) -> ScriptedServePolicy:
+    def scripted(cp: Any) -> ScriptedServePolicy:
         pol = ScriptedServePolicy(id=cp.name, version=cp.version, delay_s=delay_s)
         policies[cp.name] = pol
         return pol
@@ -100,7 +100,7 @@ def start_server(tmp_path: Any, delay_s: float = 0.0, real_loader: bool = False,
 
         app = build_app(cfg, store, loader=load_local)
     else:
-        app = build_app(cfg, store, loader=loader)
+        app = build_app(cfg, store, loader=loader or scripted)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=server.run, daemon=True)
     th.start()

@@ -148,7 +148,7 @@ def test_the_live_readout_comes_from_the_loops_metrics(dash: Dash) -> None:
                             org="acme", salt="s")
     _traffic(dash, "acme", users=16)
     html = dash.get("acme").text
-    assert "started without a readout function" in html and "Sample ratio mismatch p" in html
+    assert "no readout recorded for this experiment" in html and "Sample ratio mismatch p" in html
     cfg = LoopConfig(traffic=TrafficConfig(kind="none"), canary=CanarySection(mde=0.2, user_cv=1.0))
     dash.app.state.readout = dashboard_readout(cfg)
     html = dash.get("acme").text

@@ -1,56 +1,25 @@
 """Synthesis on a local repository (`etude tasks synth --repo DIR`), end to end in the sandbox."""
 
+import shutil
+from pathlib import Path
+
 import pytest
+
+import etude
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("task_cache")]
 
-LIB = """def clamp(x, lo, hi):
-    if x < lo:
-        return lo
-    if x > hi:
-        return hi
-    return x
-
-
-def total(xs):
-    s = 0
-    for x in xs:
-        s = s + x
-    return s
-"""
-
-TESTS = """from mini.core import clamp, total
-
-
-def test_clamp_low():
-    assert clamp(-5, 0, 10) == 0
-
-
-def test_clamp_high():
-    assert clamp(50, 0, 10) == 10
-
-
-def test_clamp_mid():
-    assert clamp(5, 0, 10) == 5
-
-
-def test_total():
-    assert total([1, 2, 3]) == 6
-
-
-def test_total_empty():
-    assert total([]) == 0
-"""
+# The example organisation's library (etude/data/org_example: a package and its tests), the
+# repository `etude demo` and `etude specialise` start from.
+ORG_EXAMPLE = Path(etude.__file__).resolve().parent / "data" / "org_example"
+LIB = (ORG_EXAMPLE / "mini" / "core.py").read_text()
 
 
 @pytest.fixture
 def mini_repo(tmp_path):
     root = tmp_path / "mini-project"
-    (root / "mini").mkdir(parents=True)
-    (root / "tests").mkdir()
-    (root / "mini" / "__init__.py").write_text("")
-    (root / "mini" / "core.py").write_text(LIB)
-    (root / "tests" / "test_core.py").write_text(TESTS)
+    for part in ("mini", "tests"):
+        shutil.copytree(ORG_EXAMPLE / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 

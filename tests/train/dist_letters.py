@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
+from etude.envs.families import ENVS, ArithEnv
 from etude.train import TrainConfig, train
 from etude.train.config import EnvConfig
-from etude.train.envs import ENVS, ArithEnv
 
 
 class LettersEnv(ArithEnv):

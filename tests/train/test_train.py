@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from etude.envs.families import ENVS, ArithEnv, Problem, PyFuncEnv
 from etude.errors import EtudeError
 from etude.policy.local import LocalPolicy
 from etude.train import TrainConfig, load_config, train
 from etude.train.config import EnvConfig
-from etude.train.envs import ENVS, ArithEnv, Problem, PyFuncEnv
 from etude.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,124 @@
+"""The canary's plan, settled once when a cycle starts: the effect it must find, the users per arm
+that takes, and whether the window reaches them — else, one line and a gate-only decision.
+
+The effect: `[canary] mde`, or (`mde_from`) what the offline check measured. A specialise run's
+held-out resolved rates, base r0 → adapter r1, become the user model's expected signals
+(`UserModel.expected`: keep rate r·p_keep_good + (1 − r)·p_keep_bad, and the dissatisfied rate),
+and the primary metric's relative lift between the two is the mde. With the defaults, 18/60 →
+27/60 held out is a keep rate 0.485 → 0.553, an mde of +13.9% on accept_rate. No gain (or a
+loss) leaves nothing to plan for: the plan cannot be reached at any size.
+
+Then `etude.experiments.power.plan` gives the users per arm; `LoopConfig.plan_shortfall` compares
+them with the window. Unreachable: `underpowered = "refuse"` raises (one line, before anything is
+written); "gate-only" prints the line and the cycle decides on its eval gate alone.
+
+Not guaranteed: that users react as `[users]` says — the conversion is the simulated users' model,
+so for real users the mde is a planning assumption, not a measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from etude.errors import EtudeError
+from etude.experiments.power import plan
+from etude.loop.config import LoopConfig
+from etude.serve import registry
+
+SIGNAL = {"accept_rate": "keep_rate", "dissatisfied_rate": "dissatisfied_rate"}  # primary -> UserModel.expected key
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    mode: str  # "ab": the readout decides | "gate-only": the eval gate alone (the plan cannot be reached)
+    mde: float | None  # relative lift on the primary metric the plan is for
+    source: str  # where the mde came from, in words
+    users_per_arm: tuple[int, int] | None  # control, canary; None without a plan
+    reach: tuple[float, float] | None  # users per arm the window reaches; None when unknown
+    line: str  # why the plan cannot be reached ("" when it can); said in one line when the cycle starts
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CanaryPlan:
+        tup = lambda x: tuple(x) if x is not None else None  # noqa: E731
+        return cls(d["mode"], d["mde"], d["source"], tup(d["users_per_arm"]), tup(d["reach"]), d["line"])
+
+    def apply(self, cfg: LoopConfig) -> LoopConfig:
+        """`cfg` with the settled mde (so the readout's τ and plan use the measured effect)."""
+        if self.mde is None or not cfg.canary.mde_from:
+            return cfg
+        canary = dataclasses.replace(cfg.canary, mde=self.mde, mde_from="")
+        return dataclasses.replace(cfg, canary=canary)
+
+
+def specialised_candidate(store: Any, org: str) -> Any:
+    """The org's newest candidate registered by `etude specialise --register` that no cycle has
+    decided on yet (state "candidate", meta kind "specialised"), or None."""
+    cands = [c for c in registry.list_checkpoints(store, org, include_retired=False)
+             if c.org_id == org and c.state == "candidate" and c.meta.get("kind") == "specialised"]
+    return max(cands, key=lambda c: c.created_at) if cands else None
+
+
+def measured_gain(source: str, store: Any, org: str) -> tuple[dict[str, Any], str]:
+    """(the held-out paired table, where it came from) for `mde_from`."""
+    if source == "candidate":
+        cp = specialised_candidate(store, org)
+        if cp is None:
+            raise EtudeError(f"[canary] mde_from = \"candidate\": organisation {org!r} has no specialised candidate "
+                             f"(etude specialise --register) to take the effect from")
+        held, where = cp.meta.get("heldout"), f"candidate {cp.name}"
+    else:
+        try:
+            held, where = json.loads(Path(source).read_text()).get("heldout"), source
+        except (OSError, ValueError) as e:
+            raise EtudeError(f"[canary] mde_from: cannot read a specialise report at {source}: {e}") from None
+    if not isinstance(held, dict) or not held.get("tasks"):
+        raise EtudeError(f"[canary] mde_from: {where} records no held-out measurement")
+    return held, where
+
+
+def mde_from_gain(held: dict[str, Any], cfg: LoopConfig) -> float:
+    """The primary metric's relative lift the user model expects from the held-out gain (<= 0: none)."""
+    n = held["tasks"]
+    r0, r1 = held["base"]["resolved"] / n, held["adapter"]["resolved"] / n
+    key = SIGNAL[cfg.canary.primary]
+    e0, e1 = cfg.users.expected(r0)[key], cfg.users.expected(r1)[key]
+    if e0 <= 0:
+        return 0.0
+    lift = e1 / e0 - 1
+    return lift if cfg.canary.primary_higher_is_better else -lift
+
+
+def settle(cfg: LoopConfig, store: Any) -> CanaryPlan:
+    """The cycle's plan (see the module doc); EtudeError when unreachable under "refuse"."""
+    c = cfg.canary
+    mde, source = c.mde, "[canary] mde"
+    if c.mde_from:
+        held, where = measured_gain(c.mde_from, store, cfg.org)
+        mde = mde_from_gain(held, cfg)
+        source = (f"{where}: held out {held['base']['resolved']}/{held['tasks']} -> "
+                  f"{held['adapter']['resolved']}/{held['tasks']} resolved")
+    reach = cfg.canary_reach()
+    if mde is not None and mde <= 0:
+        line = (f"the offline check shows no gain to plan for ({source}, {c.primary} lift {mde:+.1%}): "
+                f"no number of users can find it")
+        return _unreachable(cfg, CanaryPlan("gate-only", None, source, None, reach, line))
+    if mde is None or c.user_cv is None:
+        return CanaryPlan("ab", mde, source, None, reach, "")
+    p = plan(mde, c.user_cv, alpha=c.alpha, power=c.power, weights=c.weights)
+    short = cfg.plan_shortfall(p)
+    out = CanaryPlan("gate-only" if short else "ab", mde, source, p.users_per_arm, reach, short or "")
+    return _unreachable(cfg, out) if short else out
+
+
+def _unreachable(cfg: LoopConfig, p: CanaryPlan) -> CanaryPlan:
+    if cfg.canary.underpowered == "refuse":
+        raise EtudeError(f"[canary] {p.line} (underpowered = \"refuse\"; nothing was trained, the registry and the "
+                         f"router are unchanged)")
+    return p

@@ -1,0 +1,160 @@
+"""A canary planned for the effect it must find (issue 32 item 3): the mde taken from the offline
+held-out gain, the users per arm that follow, and — when the window cannot reach them — one line
+up front and a gate-only decision labelled as such (or, under "refuse", one line, a non-zero
+exit and nothing touched)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etude.errors import EtudeError
+from etude.experiments.power import plan
+from etude.loop import LoopConfig, run_cycle
+from etude.loop.config import CanarySection, TrafficConfig
+from etude.loop.plan import mde_from_gain, settle
+from etude.loop.readout import ab_config
+from etude.loop.state import CycleState
+from etude.serve import registry
+from etude.store import open_store
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _held(base: int, adapter: int, tasks: int = 60) -> dict:
+    return {"tasks": tasks, "base": {"resolved": base}, "adapter": {"resolved": adapter}}
+
+
+def _report(tmp_path: Path, base: int, adapter: int) -> Path:
+    p = tmp_path / f"report-{base}-{adapter}.json"
+    p.write_text(json.dumps({"heldout": _held(base, adapter)}))
+    return p
+
+
+def test_the_held_out_gain_becomes_the_primary_metrics_mde_through_the_user_model() -> None:
+    cfg = LoopConfig(canary=CanarySection(mde_from="x", user_cv=1.0))
+    # defaults: keep rate 0.35 + 0.45 r, so 18/60 -> 27/60 resolved is 0.485 -> 0.5525
+    assert mde_from_gain(_held(18, 27), cfg) == pytest.approx(0.5525 / 0.485 - 1)
+    dis = LoopConfig(canary=CanarySection(mde_from="x", user_cv=1.0, primary="dissatisfied_rate",
+                                          primary_higher_is_better=False))
+    # dissatisfied rate 0.85 (0.35 - 0.27 r): lower is better, so the gain is the relative drop
+    assert mde_from_gain(_held(18, 27), dis) == pytest.approx(1 - (0.35 - 0.27 * 0.45) / (0.35 - 0.27 * 0.3))
+    assert mde_from_gain(_held(20, 20), cfg) == 0.0 and mde_from_gain(_held(20, 14), cfg) < 0
+    with pytest.raises(EtudeError, match="mde_from needs user_cv"):
+        CanarySection(mde_from="candidate")
+    with pytest.raises(EtudeError, match="set mde or mde_from, not both"):
+        CanarySection(mde_from="candidate", mde=0.1, user_cv=1.0)
+    with pytest.raises(EtudeError, match="not 'latency_s'"):
+        CanarySection(mde_from="candidate", user_cv=1.0, primary="latency_s", primary_higher_is_better=False)
+
+
+def test_a_reachable_plan_sets_users_per_arm_and_the_readouts_mde(tmp_path: Path) -> None:
+    report = _report(tmp_path, 18, 27)
+    cfg = LoopConfig(root=str(tmp_path / "root"), canary=CanarySection(mde_from=str(report), user_cv=1.0),
+                     traffic=TrafficConfig(users=2000))
+    p = settle(cfg, open_store(cfg.db_url()))
+    mde = 0.5525 / 0.485 - 1
+    assert p.mode == "ab" and p.line == "" and p.mde == pytest.approx(mde) and "18/60 -> 27/60" in p.source
+    assert p.users_per_arm == plan(p.mde, 1.0).users_per_arm and p.reach == (1000.0, 1000.0)
+    assert 200 < max(p.users_per_arm) <= 1000  # 811 at user_cv 1
+    applied = p.apply(cfg)
+    assert applied.canary.mde == p.mde and ab_config(applied).mde == p.mde  # the readout's tau follows the plan
+    assert applied.canary.plan().users_per_arm == p.users_per_arm
+
+
+def _resumed_after_eval(tmp_path: Path, cfg: LoopConfig, verdict: dict) -> None:
+    """A cycle whose collect..eval are done (as test_decision's resumed states): only register,
+    canary, readout and decide run, with no model and no traffic."""
+    store = open_store(cfg.db_url())
+    registry.register_checkpoint(store, "tiny", "tiny", state="production")
+    st = CycleState.load_or_create(Path(cfg.root) / "cycle-0001", 1, cfg.to_dict())
+    st.data["production"] = {"name": "tiny", "path": "tiny", "version": 0}
+    for name in ("collect", "distill", "train", "eval"):
+        st.start(name)
+        st.finish(name)
+    st.progress("train", checkpoint=str(tmp_path / "ckpt"))
+    st.progress("eval", verdict=verdict)
+
+
+def _no_traffic(ctx) -> None:
+    raise AssertionError("a gate-only cycle sends no canary traffic")
+
+
+@pytest.mark.parametrize(("improvements", "decision"), [(["resolved"], "promote"), ([], "rollback")])
+def test_an_unreachable_plan_says_so_and_decides_on_the_gate_alone(tmp_path: Path, capsys, improvements, decision) -> None:
+    report = _report(tmp_path, 18, 27)  # +13.9% keep rate needs hundreds of users per arm; 4 users reach 2/2
+    cfg = LoopConfig(root=str(tmp_path / "root"), name="t", model="tiny",
+                     canary=CanarySection(mde_from=str(report), user_cv=1.0, underpowered="gate-only"))
+    _resumed_after_eval(tmp_path, cfg, {"gate": "passed", "gate_passed": True, "regressions": [],
+                                        "inconclusive": [], "improvements": improvements, "tasks": 30})
+    rep = run_cycle(cfg, traffic=_no_traffic, progress=False).to_dict()
+
+    err = capsys.readouterr().err.strip().splitlines()
+    need = plan(0.5525 / 0.485 - 1, 1.0).users_per_arm
+    assert err == [f"etude loop: gate-only decision: the plan needs {need[0]}/{need[1]} users per arm for a 13.9% "
+                   f"lift (user_cv 1, power 0.8) but [traffic] users = 4 reaches about 2/2: raise users or the mde"]
+    assert [rep["stages"][s]["status"] for s in ("register", "canary", "readout", "decide")] == \
+        ["done", "skipped", "skipped", "done"]
+    assert rep["basis"] == "gate-only" and rep["plan"]["mode"] == "gate-only"
+    assert tuple(rep["plan"]["users_per_arm"]) == need and rep["ab"] is None
+    assert rep["decision"] == decision and rep["reason"].startswith("gate-only decision (the plan needs")
+    state = json.loads((Path(cfg.root) / "cycle-0001" / "state.json").read_text())
+    assert state["stages"]["canary"]["reason"].startswith("gate-only decision")
+    cand = registry.get_checkpoint(open_store(cfg.db_url()), "t-c0001")
+    assert cand.state == ("production" if decision == "promote" else "retired")
+
+
+def test_no_offline_gain_leaves_nothing_to_plan_for(tmp_path: Path, capsys) -> None:
+    report = _report(tmp_path, 0, 0)  # bench/results/specialise.json: held-out 0/60 -> 0/60
+    cfg = LoopConfig(root=str(tmp_path / "root"), name="t", model="tiny",
+                     canary=CanarySection(mde_from=str(report), user_cv=1.0, underpowered="gate-only"))
+    _resumed_after_eval(tmp_path, cfg, {"gate": "inconclusive", "gate_passed": False, "regressions": [],
+                                        "inconclusive": ["resolved"], "improvements": [], "tasks": 30})
+    rep = run_cycle(cfg, traffic=_no_traffic, progress=False).to_dict()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the offline check shows no gain to plan for" in err[0] and "0/60 -> 0/60" in err[0]
+    assert rep["decision"] == "rollback" and rep["basis"] == "gate-only" and "eval gate inconclusive" in rep["reason"]
+
+
+CONFIG = """
+[loop]
+root = "{root}"
+model = "tiny"
+[traffic]
+users = 4
+[canary]
+mde_from = "candidate"
+user_cv = 1.0
+[eval]
+max_tasks = 2
+min_tasks = 2
+"""
+
+
+def test_an_unreachable_plan_under_refuse_is_one_line_and_touches_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    cfg_path = tmp_path / "loop.toml"
+    cfg_path.write_text(CONFIG.format(root=root))
+    db = LoopConfig.from_toml(cfg_path).db_url()
+    store = open_store(db)
+    registry.register_checkpoint(store, "tiny", "tiny", state="production")
+    store.create_key("acme", name="ci")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    registry.register_checkpoint(store, "acme-spec-1", str(adapter), org="acme", version=1,
+                                 meta={"kind": "specialised", "base": "tiny", "heldout": _held(18, 27)})
+    before = (tuple(registry.list_checkpoints(store, "acme")), tuple(registry.list_experiments(store, "acme")))
+
+    r = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(cfg_path), "--org", "acme",
+                        "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].startswith("etude: error: [canary] the plan needs ") and "[traffic] users = 4 reaches about 2/2" in lines[0]
+    assert "nothing was trained, the registry and the router are unchanged" in lines[0]
+    assert (tuple(registry.list_checkpoints(store, "acme")), tuple(registry.list_experiments(store, "acme"))) == before
+    assert not (root / "orgs" / "acme").exists() and registry.production(store, "acme").name == "tiny"
