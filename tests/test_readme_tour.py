@@ -97,6 +97,12 @@ def _tasks_in(rel: str, at_least: int = 1) -> Callable[[subprocess.CompletedProc
     return check
 
 
+def _wrote(rel: str) -> Callable[[subprocess.CompletedProcess[str], Tour], None]:
+    def check(res: subprocess.CompletedProcess[str], tour: Tour) -> None:
+        assert (tour.dir / rel).is_file(), (rel, res.stdout[-3000:], res.stderr[-3000:])
+    return check
+
+
 def _semantic_search(res: subprocess.CompletedProcess[str], tour: Tour) -> None:
     hits = json.loads(res.stdout)["meta"]["results"]
     top5 = [(h["path"], h["symbol"]) for h in hits[:5]]
@@ -163,11 +169,11 @@ STEPS = [
     Step("etude eval compare runs/oracle runs/noop", _ok('"gate_passed": false'), slow=True, rc=1,
          needs=("etude eval --suite builtin:eval --model oracle", "etude eval --suite builtin:eval --model noop")),
     Step("etude train --config configs/tiny.toml", _ok(), slow=True, timeout=HOUR),
-    Step("etude sft --config configs/agent_sft.toml", _ok(), slow=True, timeout=12 * HOUR),
+    Step("etude sft --config configs/agent_sft.toml", _wrote("runs/agent_sft/final/config.json"), slow=True, timeout=12 * HOUR),
     Step("etude eval --suite builtin:curriculum:validation", _eval_run("runs/agent_sft_eval", lambda r: r >= 0.0),
          slow=True, needs=("etude sft",), timeout=6 * HOUR),
     Step("etude train --config configs/agent_rl.toml", _ok(), slow=True, needs=("etude sft",), timeout=12 * HOUR),
-    Step("etude specialise --org acme", _ok(), slow=True, needs=("etude sft",), timeout=12 * HOUR),
+    Step("etude specialise --org acme", _wrote("runs/acme/report.json"), slow=True, needs=("etude sft",), timeout=12 * HOUR),
     Step("etude serve --model tiny --port 8000", _served, slow=True),
     Step("export ETUDE_API_KEY=$(etude keys create --org acme)", _key),
     Step("etude agent \"fix the failing test in tests/test_dates.py\"", _agent_on_project, slow=True,
