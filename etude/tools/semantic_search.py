@@ -9,8 +9,8 @@ Context: `ctx.template` (optional) names the folder a copy-on-write workspace wa
 the template's index is reused; `ctx.config.search` (optional) is an etude.search.SearchConfig
 (or its fields as a dict, as a TOML harness config gives them). The first call on a large repository has to embed all of it (tens of
 minutes on a CPU for thousands of files): each call embeds for at most `tool_budget_s` seconds,
-answers from what is indexed so far and says how many files are still missing; later calls
-continue. Index templates ahead of time (`etude.search.open_index(dir).refresh()`) to avoid it.
+the files whose text best matches the query (BM25) first, answers from what is indexed so far
+and says how many files are still missing; later calls continue. Index templates ahead of time (`etude.search.open_index(dir).refresh()`) to avoid it.
 `run` never raises: every failure is a ToolResult(ok=False).
 """
 
@@ -72,10 +72,11 @@ class SemanticSearch(BaseTool):
         try:
             cfg = search_config(ctx)
             t0 = time.perf_counter()
+            # focus=query: under the budget, the files that best match the query are embedded first
             idx = open_index(Path(ctx.workspace), template=ctx.template, config=cfg,
-                             budget_s=cfg.tool_budget_s)
+                             budget_s=cfg.tool_budget_s, focus=query)
             left = max(cfg.tool_budget_s - (time.perf_counter() - t0), 0.0)
-            stats = idx.refresh(budget_s=left)  # at least one batch is always done: progress is certain
+            stats = idx.refresh(budget_s=left, focus=query)  # at least one batch is always done: progress is certain
             hits = idx.search(query, k)
         except EtudeError as e:
             raise ToolError(str(e), kind="bad_workspace" if "directory" in str(e) else "search_error") from None
