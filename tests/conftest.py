@@ -23,3 +23,14 @@ import sys as _sys  # noqa: E402
 from pathlib import Path as _Path  # noqa: E402
 
 _sys.path.insert(0, str(_Path(__file__).parent / "rewards"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `hours` (README tour steps that train SmolLM2 for hours on 2 cores) run only
+    with ETUDE_TEST_HOURS=1: CI's 90-minute budget cannot hold them."""
+    if os.environ.get("ETUDE_TEST_HOURS") == "1":
+        return
+    skip = pytest.mark.skip(reason="takes hours on a 2-core machine: run with ETUDE_TEST_HOURS=1")
+    for item in items:
+        if "hours" in item.keywords:
+            item.add_marker(skip)

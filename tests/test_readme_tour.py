@@ -19,7 +19,9 @@ Where the test departs from typing the block into a shell, and why:
 - `export NAME=$(...)` sets NAME for the later steps (each step is its own bash).
 
 Slow steps (marked slow) need the network (PyPI), the real SmolLM2 model or long runs: on this
-project's 2-core machine `etude sft` and `etude specialise` take hours. A step whose prerequisite
+project's 2-core machine `etude sft` and `etude specialise` take hours, so those steps (and the
+test-split curriculum, the validation eval and agent RL) are also marked `hours` and run only with
+ETUDE_TEST_HOURS=1 (`make test` and CI skip them, saying so). A step whose prerequisite
 did not pass in this session (deselected, or failed) is skipped, naming it.
 """
 
@@ -64,6 +66,7 @@ class Step:
     prefix: str  # the command line starts with this
     check: Callable[[subprocess.CompletedProcess[str], Tour], None]
     slow: bool = False
+    hours: bool = False  # hours on a 2-core machine: marked `hours`, run only with ETUDE_TEST_HOURS=1
     needs: tuple[str, ...] = ()  # prefixes of earlier steps it uses the outputs of
     timeout: int = 600
     rc: int = 0
@@ -157,7 +160,7 @@ STEPS = [
     Step("etude tasks mine --repo ~/src/project", _mined_history, slow=True),
     Step("etude tasks synth --package isodate==0.7.2", _tasks_in("isodate.jsonl"), slow=True, timeout=HOUR),
     Step("etude tasks curriculum --packages", _tasks_in("l1.jsonl"), slow=True, timeout=HOUR),
-    Step("etude tasks curriculum --split test", _tasks_in("heldout.jsonl"), slow=True, timeout=2 * HOUR),
+    Step("etude tasks curriculum --split test", _tasks_in("heldout.jsonl"), slow=True, hours=True, timeout=2 * HOUR),
     Step("etude tasks validate isodate.jsonl", _ok("isodate"), slow=True, needs=("etude tasks synth",),
          timeout=HOUR),
     Step("etude grade --tasks isodate.jsonl", _graded, slow=True, needs=("etude tasks synth",)),
@@ -169,11 +172,11 @@ STEPS = [
     Step("etude eval compare runs/oracle runs/noop", _ok('"gate_passed": false'), slow=True, rc=1,
          needs=("etude eval --suite builtin:eval --model oracle", "etude eval --suite builtin:eval --model noop")),
     Step("etude train --config configs/tiny.toml", _ok(), slow=True, timeout=HOUR),
-    Step("etude sft --config configs/agent_sft.toml", _wrote("runs/agent_sft/final/config.json"), slow=True, timeout=12 * HOUR),
+    Step("etude sft --config configs/agent_sft.toml", _wrote("runs/agent_sft/final/config.json"), slow=True, hours=True, timeout=12 * HOUR),
     Step("etude eval --suite builtin:curriculum:validation", _eval_run("runs/agent_sft_eval", lambda r: r >= 0.0),
-         slow=True, needs=("etude sft",), timeout=6 * HOUR),
-    Step("etude train --config configs/agent_rl.toml", _ok(), slow=True, needs=("etude sft",), timeout=12 * HOUR),
-    Step("etude specialise --org acme", _wrote("runs/acme/report.json"), slow=True, needs=("etude sft",), timeout=12 * HOUR),
+         slow=True, hours=True, needs=("etude sft",), timeout=6 * HOUR),
+    Step("etude train --config configs/agent_rl.toml", _ok(), slow=True, hours=True, needs=("etude sft",), timeout=12 * HOUR),
+    Step("etude specialise --org acme", _wrote("runs/acme/report.json"), slow=True, hours=True, needs=("etude sft",), timeout=12 * HOUR),
     Step("etude serve --model tiny --port 8000", _served, slow=True),
     Step("export ETUDE_API_KEY=$(etude keys create --org acme)", _key),
     # the tiny model never answers: the episode runs to its wall-clock limit (HarnessConfig.time_limit_s, 600 s)
@@ -345,6 +348,8 @@ def _params() -> list:
     for i, cmd in enumerate(RUN):
         step = _step_for(cmd)
         marks = [pytest.mark.slow] if step.slow else []
+        if step.hours:
+            marks.append(pytest.mark.hours)
         if step.timeout > 600:  # the suite's default per-test timeout (pyproject) is 600 s
             marks.append(pytest.mark.timeout(step.timeout + 60))
         out.append(pytest.param(cmd, id=f"{i + 1:02d}-{cmd[:44]}", marks=marks))
