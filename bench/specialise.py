@@ -37,7 +37,7 @@ TARGETS = {"heldout_gain_points": 0.10, "heldout_mcnemar_p": 0.05, "whole_run_mi
 
 
 # what a curve point's evaluation reads besides its SFT checkpoint (etude.pipeline.stages)
-EVAL_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "heldout_fraction", "select_fraction",
+EVAL_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks", "heldout_fraction", "select_fraction",
              "heldout_per_function", "min_heldout", "base", "agent_config", "backend", "sft_epochs", "sft_lr",
              "lora_r", "lora_alpha", "sft_share")
 

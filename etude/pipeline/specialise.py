@@ -89,6 +89,11 @@ class SpecialiseConfig:
     """level-1 tasks built per repository (fewer when its tests catch fewer mutants)."""
     drills_per_repo: int = 60
     """tasks of the drill seed per repository (0: no drills)."""
+    history_tasks: int | None = None
+    """tasks mined from a local repository's git history (`etude tasks mine --repo`: a commit that
+    fixes something with a test becomes a task whose statement is its message), added to its
+    curriculum tasks and split by function with them. None: up to 20 per local repository; 0:
+    none. A NAME==VERSION repository has no history here."""
     heldout_fraction: float = 0.4
     """share of the (capped) tasks whose functions are held out."""
     select_fraction: float = 0.15
@@ -224,6 +229,20 @@ def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]
     return repo_curriculum(Path(spec), 1, n, seed, progress)
 
 
+def history_tasks(spec: str, n: int, progress: Any = None) -> tuple[list[Task], str]:
+    """Up to `n` tasks mined from a local repository's commits, and a one-line account of the
+    mining (kept and skipped by reason). A PyPI spec, or a history with nothing to mine, gives none."""
+    from etude.tasks.history import HistoryConfig, mine_history, summary
+
+    if "==" in spec or n <= 0:
+        return [], ""
+    try:
+        tasks, skipped = mine_history(Path(spec), HistoryConfig(max_tasks=n), progress)
+    except EtudeError as e:  # e.g. no commit could be mined: the curriculum tasks still stand
+        return [], f"{Path(spec).name}: history gave no task ({e})"
+    return tasks, f"{Path(spec).name}: " + summary(sum(skipped.values()) + len(tasks), len(tasks), skipped)
+
+
 def _save(tasks: Sequence[Task], path: Path) -> str:
     save_tasks(list(tasks), path)
     return str(path)
@@ -250,7 +269,7 @@ class Specialise:
     # -- 1. tasks
     def tasks(self) -> tuple[dict[str, Any], str]:
         c = self.cfg
-        org, drills = [], []
+        org, drills, mined, notes = [], [], 0, []
         for spec in c.repos:
             with self.con.status(f"building tasks of {spec}") as status:
                 def say(m: str, s: str = spec) -> None:
@@ -258,12 +277,19 @@ class Specialise:
                 org += repo_tasks(spec, c.tasks_per_repo, c.seed, say)
                 if c.drills_per_repo:
                     drills += repo_tasks(spec, c.drills_per_repo, c.seed + DRILL_SEED_OFFSET, say)
+                hist, note = history_tasks(spec, 20 if c.history_tasks is None else c.history_tasks, say)
+                org += hist
+                mined += len(hist)
+                if note:
+                    notes.append(note)
+                    self.con.print(note)
         if not org:
             raise EtudeError(f"no level-1 tasks could be built from {', '.join(c.repos)} (do their tests run?)")
         _save(org, self.out / "tasks" / "org.jsonl")
         _save(drills, self.out / "tasks" / "drill_candidates.jsonl")
-        return ({"org": len(org), "drill_candidates": len(drills)},
-                f"{len(org)} tasks from {len(c.repos)} repositories, {len(drills)} drill candidates")
+        return ({"org": len(org), "drill_candidates": len(drills), "history": mined, "history_notes": notes},
+                f"{len(org)} tasks from {len(c.repos)} repositories ({mined} from their git history), "
+                f"{len(drills)} drill candidates")
 
     # -- 2. split
     def split(self) -> tuple[dict[str, Any], str]:
@@ -446,7 +472,7 @@ def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dic
                  f"budget {cfg.minutes:g} min, output in {sp.out}")
     # what each stage reads (config fields, earlier stages): a rerun with another budget keeps the
     # tasks, the split and the base model's evaluations (etude.pipeline.stages)
-    build = ("repos", "tasks_per_repo", "drills_per_repo", "seed")
+    build = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks")
     split = build + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
     sft_uses = split + ("base", "agent_config", "sft_epochs", "sft_lr", "lora_r", "lora_alpha", "sft_share") + (
         ("minutes",) if cfg.sft_share is not None else ())

@@ -217,3 +217,23 @@ def test_cli_on_a_path_that_is_not_a_repository_is_one_line_and_exit_2(tmp_path)
     r = _cli("--repo", tmp_path, "--out", out)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
     assert "not a git repository" in r.stderr and not out.exists()
+
+
+@pytest.mark.slow
+def test_specialise_adds_a_local_repositorys_mined_history_to_its_tasks(tmp_path, task_cache_dir):
+    """`etude specialise --repos PATH` takes the tasks mined from PATH's commits beside the
+    mutations of its code (etude.pipeline.specialise.history_tasks); a PyPI spec has no history."""
+    from etude.pipeline.specialise import history_tasks
+    from etude.pipeline.split import touched_functions
+
+    repo = tmp_path / "mypkg-repo"
+    shas = make_repo(repo)
+    with _cache_env(task_cache_dir):
+        tasks, note = history_tasks(str(repo), 5)
+    assert [t.instance_id for t in tasks] == [f"mypkg-repo__{shas['fix'][:12]}"]
+    assert tasks[0].problem_statement == FIX_MESSAGE and tasks[0].strategy == "history"
+    assert "kept 1" in note
+    with _cache_env(task_cache_dir):  # the split reads its functions from the snapshot
+        assert touched_functions(tasks[0]) == {"mypkg/core.py::absval"}
+    assert history_tasks("click==8.1.7", 5) == ([], "")
+    assert history_tasks(str(repo), 0) == ([], "")
