@@ -33,6 +33,7 @@ from etude.rewards import RewardConfig, score
 from etude.rewards.terms import answers, asks_question
 from etude.tasks import builtin_suite, load_tasks
 from etude.tasks.curriculum import builtin_curriculum
+from etude.tasks.history_suite import builtin_history
 from etude.types import Episode, Message, Problem, Task, TurnSample
 
 
@@ -44,8 +45,6 @@ def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
     """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], builtin:history[:before=D][:after=D], or
     builtin:SPLIT (the built-in suite)."""
     if spec == "builtin:history" or spec.startswith("builtin:history:"):
-        from etude.tasks.history_suite import builtin_history
-
         return builtin_history(spec, limit)
     if spec.startswith("builtin:curriculum:"):
         split, _, level = spec.removeprefix("builtin:curriculum:").partition(":")

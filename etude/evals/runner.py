@@ -42,6 +42,7 @@ from etude.evals.summary import summarise
 from etude.policy import check_backend
 from etude.tasks import builtin_suite, load_tasks, save_tasks
 from etude.tasks.curriculum import builtin_curriculum
+from etude.tasks.history_suite import builtin_history
 from etude.types import Task
 
 RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json", "tasks.jsonl"
@@ -53,8 +54,6 @@ def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = No
     if isinstance(suite, (str, Path)):
         text = str(suite)
         if text == "builtin:history" or text.startswith("builtin:history:"):
-            from etude.tasks.history_suite import builtin_history
-
             tasks = builtin_history(text, max_tasks)
         elif text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
             split, _, level = text.removeprefix("builtin:curriculum:").partition(":")

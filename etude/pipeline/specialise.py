@@ -56,6 +56,7 @@ from etude.store.sql import ORG_RE
 from etude.tasks import save_tasks
 from etude.tasks.curriculum import BUILTIN, package_curriculum, repo_curriculum
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
+from etude.tasks.history import HistoryConfig, mine_history, summary
 from etude.tasks.schema import load_tasks
 from etude.tasks.seal import check_source, sealed_packages
 from etude.train import load_config, train
@@ -232,8 +233,6 @@ def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]
 def history_tasks(spec: str, n: int, progress: Any = None) -> tuple[list[Task], str]:
     """Up to `n` tasks mined from a local repository's commits, and a one-line account of the
     mining (kept and skipped by reason). A PyPI spec, or a history with nothing to mine, gives none."""
-    from etude.tasks.history import HistoryConfig, mine_history, summary
-
     if "==" in spec or n <= 0:
         return [], ""
     try:
