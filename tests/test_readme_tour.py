@@ -126,7 +126,7 @@ def _eval_run(rel: str, resolved: Callable[[float], bool]) -> Callable[[subproce
     def check(res: subprocess.CompletedProcess[str], tour: Tour) -> None:
         assert (tour.dir / rel / "report.html").is_file(), res.stderr[-3000:]
         summary = json.loads(tour.read(f"{rel}/summary.json"))
-        assert resolved(summary["correctness"]["resolved_rate"]), summary
+        assert resolved(summary["correctness"]["resolved_rate"]["mean"]), summary
     return check
 
 
