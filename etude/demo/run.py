@@ -220,6 +220,12 @@ class Demo:
             if not keys:
                 store.create_key(self.cfg.org, name="demo")  # the org's users' key
             lc = lc.for_org(self.cfg.org)
+            # the canary is planned for the effect the offline check measured (the adapter's
+            # held-out gain, etude.loop.plan); a handful of demo users cannot reach that plan, so
+            # the cycle says so and the gate on the org's held-out functions decides, labelled
+            # gate-only in its state and the report, instead of a canary that cannot decide
+            lc = replace(lc, canary=replace(lc.canary, mde=None, mde_from="candidate",
+                                            user_cv=lc.canary.user_cv or 1.0, underpowered="gate-only"))
         rep = run_cycle(lc, cycle_dir=self.out / "loop" / "cycle-0001").to_dict()
         return rep, f"decision: {rep.get('decision')} ({rep.get('reason')})"
 
