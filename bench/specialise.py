@@ -28,7 +28,7 @@ from etude.evals.results import write_result
 from etude.evals.stats import holm
 from etude.pipeline.compare import eval_records, paired_figures, paired_table
 from etude.pipeline.memory import PeakMemory
-from etude.pipeline.specialise import Specialise, SpecialiseConfig, run_specialise
+from etude.pipeline.specialise import EPISODE_USES, Specialise, SpecialiseConfig, run_specialise, sft_inputs
 from etude.provenance import provenance
 from etude.train.metrics import read_metrics
 
@@ -36,10 +36,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"heldout_gain_points": 0.10, "heldout_mcnemar_p": 0.05, "whole_run_minutes": 60, "adapter_mib": 20}
 
 
-# what a curve point's evaluation reads besides its SFT checkpoint (etude.pipeline.stages)
-EVAL_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks", "heldout_fraction", "select_fraction",
-             "heldout_per_function", "min_heldout", "base", "agent_config", "backend", "sft_epochs", "sft_lr",
-             "lora_r", "lora_alpha", "sft_share")
 
 
 def sft_checkpoints(out: Path) -> list[tuple[int, Path, float]]:
@@ -79,7 +75,7 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
         merged = merge_adapter_dir(path, sp.base, out / "curve" / f"sft-{step}-merged")
         name = f"eval-heldout-sft-{step}"
         sp.stages.run(f"curve: SFT step {step}", lambda m=merged, n=name: sp.evaluate(
-            out / "tasks" / "heldout.jsonl", str(m), n), uses=EVAL_USES, after=("3. SFT (LoRA)",))
+            out / "tasks" / "heldout.jsonl", str(m), n), uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {step}/{total} steps", "train_s": secs, "run": name})
     sft_s = rep["stages"]["3. SFT (LoRA)"]["seconds"]
     rl_s = rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0)
@@ -88,7 +84,7 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
         merge_adapter_dir(sp.stages.result("3. SFT (LoRA)")["adapter"], sp.base, merged)
         sp.stages.run("curve: SFT final", lambda: sp.evaluate(out / "tasks" / "heldout.jsonl", str(merged),
                                                               "eval-heldout-sft-final"),
-                      uses=EVAL_USES, after=("3. SFT (LoRA)",))
+                      uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {total}/{total} steps", "train_s": sft_s, "run": "eval-heldout-sft-final"})
     points.append({"point": f"shipped ({chosen['why']})", "train_s": sft_s + (0.0 if sft_final else rl_s),
                    "run": "eval-heldout-adapter"})

@@ -464,20 +464,27 @@ def _to_bf16(path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
+# What each stage reads (config fields; with the earlier stages it names): a rerun with another
+# budget keeps the tasks, the split and the base model's evaluations (etude.pipeline.stages).
+BUILD_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks")
+SPLIT_USES = BUILD_USES + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
+EPISODE_USES = ("agent_config", "backend")
+
+
+def sft_inputs(cfg: SpecialiseConfig) -> tuple[str, ...]:
+    """The fields the SFT stage reads (the budget only when SFT has a share of it)."""
+    return SPLIT_USES + ("base", "agent_config", "sft_epochs", "sft_lr", "lora_r", "lora_alpha", "sft_share") + (
+        ("minutes",) if cfg.sft_share is not None else ())
+
+
 def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dict[str, Any]:
     sp = Specialise(cfg, console)
     st = sp.stages
     sp.con.print(f"[bold]etude specialise[/bold] — org {cfg.org}, base {sp.base}, {sp.backend} episodes, "
                  f"budget {cfg.minutes:g} min, output in {sp.out}")
-    # what each stage reads (config fields, earlier stages): a rerun with another budget keeps the
-    # tasks, the split and the base model's evaluations (etude.pipeline.stages)
-    build = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks")
-    split = build + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
-    sft_uses = split + ("base", "agent_config", "sft_epochs", "sft_lr", "lora_r", "lora_alpha", "sft_share") + (
-        ("minutes",) if cfg.sft_share is not None else ())
-    episodes = ("agent_config", "backend")
-    st.run("1. tasks", sp.tasks, uses=build)
-    st.run("2. split", sp.split, uses=split, after=("1. tasks",))
+    sft_uses = sft_inputs(cfg)
+    st.run("1. tasks", sp.tasks, uses=BUILD_USES)
+    st.run("2. split", sp.split, uses=SPLIT_USES, after=("1. tasks",))
     t_train = time.monotonic()
     sft = st.run("3. SFT (LoRA)", sp.sft, uses=sft_uses, after=("2. split",))
     spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
@@ -486,11 +493,11 @@ def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dic
     st.run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
     heldout = sp.out / "tasks" / "heldout.jsonl"
     st.run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
-           uses=split + episodes + ("base",), after=("2. split",))
+           uses=SPLIT_USES + EPISODE_USES + ("base",), after=("2. split",))
     st.run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter"),
-           uses=split + episodes, after=("2. split", "5. choose"))
+           uses=SPLIT_USES + EPISODE_USES, after=("2. split", "5. choose"))
     gen = sp.general_suite()
-    general = episodes + ("general", "general_tasks")
+    general = EPISODE_USES + ("general", "general_tasks")
     st.run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"), uses=general + ("base",))
     st.run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"),
            uses=general, after=("5. choose",))
