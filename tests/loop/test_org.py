@@ -8,8 +8,6 @@ a non-zero exit, and nothing changed."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -20,8 +18,7 @@ from etude.loop import LoopConfig, TrafficContext, run_cycle
 from etude.loop.config import AlarmSection, CanarySection, EvalSection, TrafficConfig, TrainSection
 from etude.serve import registry
 from etude.store import open_store
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loop.org_cli import loop_cli, registry_snapshot
 
 
 def _adapter(tmp_path: Path) -> Path:
@@ -153,17 +150,6 @@ min_tasks = 2
 """
 
 
-def _registry_snapshot(db: str) -> tuple:
-    store = open_store(db)
-    return (tuple(registry.list_checkpoints(store, "acme")), tuple(registry.list_experiments(store, "acme")),
-            tuple(registry.list_experiments(store, None)))
-
-
-def _loop_cli(cfg: Path, org: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(cfg), "--org", org, "--quiet"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-
-
 @pytest.mark.slow
 def test_org_without_a_key_or_without_interactions_is_one_line_and_changes_nothing(tmp_path: Path) -> None:
     root = tmp_path / "root"
@@ -172,19 +158,19 @@ def test_org_without_a_key_or_without_interactions_is_one_line_and_changes_nothi
     db = LoopConfig.from_toml(cfg_path).db_url()
     store = open_store(db)
     registry.register_checkpoint(store, "tiny", "tiny", state="production")
-    before = _registry_snapshot(db)
+    before = registry_snapshot(db)
 
-    r = _loop_cli(cfg_path, "acme")  # no key at all
+    r = loop_cli(cfg_path, "acme")  # no key at all
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["etude: error: organisation 'acme' has no API key: create one with "
                                              "`etude keys create --org acme` (nothing was trained, the registry and "
                                              "the router are unchanged)"]
-    assert _registry_snapshot(db) == before and not (root / "orgs" / "acme").exists()
+    assert registry_snapshot(db) == before and not (root / "orgs" / "acme").exists()
 
     store.create_key("acme", name="ci")  # a key, but no interactions in the window
-    r = _loop_cli(cfg_path, "acme")
+    r = loop_cli(cfg_path, "acme")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "organisation 'acme' has no interactions in the collection window" in lines[0]
-    assert _registry_snapshot(db) == before
+    assert registry_snapshot(db) == before
     assert registry.production(store, "acme").name == "tiny"

@@ -6,8 +6,6 @@ exit and nothing touched)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +19,7 @@ from etude.loop.readout import ab_config
 from etude.loop.state import CycleState
 from etude.serve import registry
 from etude.store import open_store
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loop.org_cli import loop_cli, registry_snapshot
 
 
 def _held(base: int, adapter: int, tasks: int = 60) -> dict:
@@ -148,13 +145,12 @@ def test_an_unreachable_plan_under_refuse_is_one_line_and_touches_nothing(tmp_pa
     (adapter / "adapter_config.json").write_text("{}")
     registry.register_checkpoint(store, "acme-spec-1", str(adapter), org="acme", version=1,
                                  meta={"kind": "specialised", "base": "tiny", "heldout": _held(18, 27)})
-    before = (tuple(registry.list_checkpoints(store, "acme")), tuple(registry.list_experiments(store, "acme")))
+    before = registry_snapshot(db)
 
-    r = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(cfg_path), "--org", "acme",
-                        "--quiet"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    r = loop_cli(cfg_path, "acme")
     lines = r.stderr.strip().splitlines()
     assert r.returncode != 0 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert lines[0].startswith("etude: error: [canary] the plan needs ") and "[traffic] users = 4 reaches about 2/2" in lines[0]
     assert "nothing was trained, the registry and the router are unchanged" in lines[0]
-    assert (tuple(registry.list_checkpoints(store, "acme")), tuple(registry.list_experiments(store, "acme"))) == before
+    assert registry_snapshot(db) == before
     assert not (root / "orgs" / "acme").exists() and registry.production(store, "acme").name == "tiny"
