@@ -1,6 +1,7 @@
 """The single-turn envs' rewards, pinned on hand-made replies. The expected values were computed
 from the env code before its scores went through the reward rubric (issue 33: the fix env's tiers
-became rubric terms), so a change of the composition that moved any reward would fail here."""
+became rubric terms), so a change of the composition that moved any reward would fail here. The
+rubric's weights come from `[env.rewards] weights` like the episode rubric's."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import json
 
 import pytest
 
-from etude.envs.families import ArithEnv, FixTurnEnv
+from etude.envs.families import ArithEnv, FixTurnEnv, make_env
+from etude.envs.fixturn import REWARDS, TIERS
+from etude.errors import EtudeError
+from etude.train.config import EnvConfig
 from etude.types import Problem
 
 SRC = "def f(a, b):\n    if a < b:\n        return a\n    return b\n"
@@ -46,7 +50,22 @@ def test_the_fix_env_reward_of_hand_made_edits_is_unchanged(case):
     reply, reward, resolved = FIX_CASES[case]
     got, terms, ok = FixTurnEnv(tasks_file="x.jsonl").check(FIX, reply)
     assert (got, ok) == (reward, resolved)  # exact: the same float as before
-    assert terms["right_fix"] == float(resolved)
+    assert list(terms) == list(TIERS) and sorted(terms.values()) == [0.0] * 4 + [1.0]  # the best tier only
+    best = next(t for t in TIERS if terms[t] == 1.0)
+    assert REWARDS[best] == reward and terms["right_fix"] == float(resolved)
+
+
+def test_the_fix_tiers_weights_come_from_the_env_rewards_table_and_a_misspelt_term_is_refused():
+    wrong = FIX_CASES["wrong fix on the bug line"][0]
+    env = make_env(EnvConfig(name="fix", tasks_file="x.jsonl", rewards={"weights": {"on_bug_line": 0.5}}))
+    assert env.check(FIX, wrong)[0] == 0.5
+    assert env.check(FIX, FIX_CASES["broken call"][0])[0] == -0.2  # the other tiers keep their defaults
+    with pytest.raises(EtudeError, match="right_fx is no term of env fix"):
+        make_env(EnvConfig(name="fix", tasks_file="x.jsonl", rewards={"weights": {"right_fx": 1.0}}))
+    with pytest.raises(EtudeError, match="correctness is no term of env arith"):  # an episode term
+        make_env(EnvConfig(name="arith", rewards={"weights": {"correctness": 1.0}}))
+    with pytest.raises(EtudeError, match="weights values must be numbers"):
+        make_env(EnvConfig(name="fix", tasks_file="x.jsonl", rewards={"weights": {"edits": "a lot"}}))
 
 
 ARITH = Problem("arith-t", "arith", (), 71)
@@ -59,3 +78,5 @@ def test_the_arith_env_reward_is_unchanged(reply):
     reward, terms, ok = ArithEnv().check(ARITH, reply)
     assert (reward, ok) == ARITH_CASES[reply]
     assert set(terms) == {"correct", "format"} and terms["correct"] == float(ok)
+    unweighted = ArithEnv(rewards={"weights": {"format": 0.0}}).check(ARITH, reply)
+    assert unweighted == (float(ok), terms, ok)  # format reported, not counted
