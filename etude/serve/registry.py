@@ -30,7 +30,6 @@ route: promotion of another, rollback, set_state) stops the experiments that rou
 
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 import shutil
@@ -42,6 +41,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from etude.errors import EtudeError, NotFound
+from etude.paths import dir_sha256
 from etude.store import schema as t
 from etude.store.sql import ORG_RE, SQLStore
 
@@ -130,15 +130,7 @@ def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int =
 def adapter_digest(path: str | Path) -> str | None:
     """sha256 over the relative names and bytes of a LoRA adapter directory's files (one with
     peft's adapter_config.json), or None for anything else."""
-    d = Path(path)
-    if not (d / "adapter_config.json").is_file():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(d.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(d).as_posix().encode() + b"\0")
-            h.update(f.read_bytes())
-    return h.hexdigest()
+    return dir_sha256(path) if (Path(path) / "adapter_config.json").is_file() else None
 
 
 def check_files(cp: Checkpoint) -> None:
