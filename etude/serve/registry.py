@@ -94,6 +94,16 @@ def _scope(col: Any, org: str | None) -> Any:
     return col.is_(None) if org is None else col == org
 
 
+def _own_or_shared(store: SQLStore, table: sa.Table, where: Any, org: str | None) -> Any:
+    """The first row of `table` matching `where` in the org's own scope, else in the shared one."""
+    with store.read() as conn:
+        for scope in ([org] if org is not None else []) + [None]:
+            r = conn.execute(sa.select(table).where(where, _scope(table.c.org_id, scope))).first()
+            if r is not None:
+                return r
+    return None
+
+
 # -- checkpoints ----------------------------------------------------------------------------
 def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int = 0, org: str | None = None,
                         parent: str | None = None, state: str = "candidate",
@@ -202,13 +212,8 @@ def list_checkpoints(store: SQLStore, org: str | None = None, *, include_retired
 
 def production(store: SQLStore, org: str | None) -> Checkpoint | None:
     """The org's own production checkpoint if it has one, else the shared one."""
-    c = t.checkpoints.c
-    with store.read() as conn:
-        for scope in ([org] if org is not None else []) + [None]:
-            r = conn.execute(sa.select(t.checkpoints).where(c.state == "production", _scope(c.org_id, scope))).first()
-            if r is not None:
-                return _ckpt(r)
-    return None
+    r = _own_or_shared(store, t.checkpoints, t.checkpoints.c.state == "production", org)
+    return None if r is None else _ckpt(r)
 
 
 def set_state(store: SQLStore, name: str, state: str, reason: str = "") -> Checkpoint:
@@ -356,13 +361,8 @@ def get_experiment(store: SQLStore, exp_id: str) -> Experiment:
 
 def active_experiment(store: SQLStore, org: str | None) -> Experiment | None:
     """The org's own active experiment if it has one, else the shared one."""
-    x = t.experiments.c
-    with store.read() as conn:
-        for scope in ([org] if org is not None else []) + [None]:
-            r = conn.execute(sa.select(t.experiments).where(x.status == "active", _scope(x.org_id, scope))).first()
-            if r is not None:
-                return _exp(r)
-    return None
+    r = _own_or_shared(store, t.experiments, t.experiments.c.status == "active", org)
+    return None if r is None else _exp(r)
 
 
 def stop_experiment(store: SQLStore, exp_id: str) -> Experiment:
