@@ -190,10 +190,7 @@ def register_adapter(store: SQLStore, org: str, adapter: str | Path, snapshots: 
 
 def get_checkpoint(store: SQLStore, name: str) -> Checkpoint:
     with store.read() as conn:
-        r = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.name == name)).first()
-    if r is None:
-        raise NotFound(f"no checkpoint {name!r}")
-    return _ckpt(r)
+        return _ckpt(_get(conn, name))
 
 
 def list_checkpoints(store: SQLStore, org: str | None = None, *, include_retired: bool = True,
