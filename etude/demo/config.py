@@ -1,9 +1,15 @@
-"""`DemoConfig`: the stage parameters of `etude demo`, documented where they are declared."""
+"""`DemoConfig`: the stage parameters of `etude demo`, documented where they are declared, and
+its TOML loader (`etude demo --config FILE`: the file's keys are DemoConfig fields, checked by
+etude.configfile; command-line flags override them)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from etude.configfile import build, load_with
 
 
 @dataclass(frozen=True)
@@ -48,3 +54,12 @@ class DemoConfig:
 QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, org_repos="example", spec_minutes=1.5,
                    spec_tasks_per_repo=16, spec_drills_per_repo=6, spec_min_heldout=2, spec_general_tasks=2,
                    loop_config="configs/loop_tiny.toml", backend="hf", workers=2)
+
+
+def load_demo_config(path: str | Path, base: DemoConfig | None = None,
+                     overrides: dict[str, Any] | None = None) -> DemoConfig:
+    """`base` (default DemoConfig(); QUICK for --quick) with the TOML file's keys and then
+    `overrides` (field -> value) on top. An unknown key or a value of the wrong type is one
+    EtudeError naming the file."""
+    start = dataclasses.asdict(base or DemoConfig())
+    return load_with(lambda d: build(DemoConfig, {**start, **d}, ""), path, "demo config", overrides=overrides)
