@@ -18,7 +18,10 @@ those values. Figure kinds:
 - `rate` {of, field}: k = Σ field (0/1), n, rate = k/n, Wilson 95% interval (`ci_low`, `ci_high`).
 - `mean` {of, field}: n, mean, ci_low, ci_high (`stats.mean_ci`: Wilson for 0/1 values, else the
   seeded percentile bootstrap).
-- `ratio` {num, den, field, stat: "mean"|"median"}: value = stat(num) / stat(den), with both.
+- `ratio` {num, den, field, stat: "mean"|"median"|"rate"}: value = stat(num) / stat(den), with both.
+  `rate` is events per unit of `field` = len(values) / max(values), for records that each hold
+  when their event ended since a common start (a load phase's requests per second: each request's
+  `end_s` since the phase began; bench/serve.py).
 - `paired` {a, b, key, field}: 0/1 outcomes matched on `key` (each key once per arm, the same keys
   in both): n, a_k, b_k, a_rate, b_rate, gain = (b_k − a_k)/n, b_only, a_only, p (exact McNemar).
 - `noninferiority` {a, b, key, field, margin[, alpha]}: values averaged per `key` in each arm, then
@@ -62,6 +65,15 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
                         "power_at_margin", "n_for_power", "power_target"}),
 }
 COMMON = {"kind", "family", "comparisons", "p_holm"}
+
+
+def _rate(vals: Sequence[float]) -> float:
+    """Events per unit of time: how many, over the latest end (each value = when one event ended)."""
+    top = max(vals)
+    return len(vals) / top if top > 0 else math.nan
+
+
+RATIO_STATS = {"mean": statistics.mean, "median": statistics.median, "rate": _rate}
 
 
 class ResultError(ValueError):
@@ -136,13 +148,15 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
         return {"n": m["n"], "mean": m["mean"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]}
     if kind == "ratio":
         stat = fig.get("stat", "mean")
-        if stat not in ("mean", "median"):
-            raise ResultError(f"figure {name}: stat must be mean or median, got {stat!r}")
-        f = statistics.mean if stat == "mean" else statistics.median
+        f = RATIO_STATS.get(stat)
+        if f is None:
+            raise ResultError(f"figure {name}: stat must be one of {', '.join(RATIO_STATS)}, got {stat!r}")
         num = _values(_select(records, fig["num"], name), fig["field"], name)
         den = _values(_select(records, fig["den"], name), fig["field"], name)
         if not num or not den:
             raise ResultError(f"figure {name}: an empty selection")
+        if stat == "rate" and min(*num, *den) < 0:
+            raise ResultError(f"figure {name}: stat rate needs times since a common start (>= 0) in {fig['field']!r}")
         nv, dv = f(num), f(den)
         return {"n_num": len(num), "n_den": len(den), "num_value": nv, "den_value": dv,
                 "value": nv / dv if dv else math.nan}

@@ -3,6 +3,7 @@ file or a file without provenance fails, naming the file and field; legacy/ is s
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -132,3 +133,38 @@ def test_the_real_bench_results_verify(capsys):
     assert rc == 0, out
     assert f"skipped {len(list((results / 'legacy').rglob('*.json')))} legacy files" in out
     assert (results / "legacy" / "README.md").is_file()
+
+
+# a load phase of each of two servers: request i answered end_s seconds after the phase began
+LOAD = ([{"engine": "ours", "request": i, "end_s": e, "latency_s": lat} for i, (e, lat) in
+         enumerate([(1.0, 1.0), (2.0, 1.0), (2.5, 1.5), (4.0, 1.5)])]
+        + [{"engine": "raw", "request": i, "end_s": e, "latency_s": lat} for i, (e, lat) in
+           enumerate([(1.0, 1.0), (1.5, 0.5), (2.0, 1.0), (3.2, 1.2)])])
+LOAD_FIGURES = {"req_per_s": {"kind": "ratio", "stat": "rate", "field": "end_s", "num": {"engine": "ours"},
+                              "den": {"engine": "raw"}},
+                "p50": {"kind": "ratio", "stat": "median", "field": "latency_s", "num": {"engine": "ours"},
+                        "den": {"engine": "raw"}}}
+
+
+def test_a_rate_ratio_is_requests_over_the_last_end_and_a_tampered_record_fails(tmp_path, capsys):
+    path = tmp_path / "load.json"
+    write_result(path, LOAD_FIGURES, LOAD, provenance(argv=["bench/load.py"]))
+    fig = json.loads(path.read_text())["figures"]["req_per_s"]
+    assert (fig["num_value"], fig["den_value"]) == (4 / 4.0, 4 / 3.2)
+    assert fig["value"] == pytest.approx(3.2 / 4.0)
+    assert _run(tmp_path, capsys)[0] == 0
+    # one request of "ours" moved earlier, and the records' digest and count rewritten to match:
+    # only the recomputation catches it
+    rec = tmp_path / "load.records.jsonl"
+    rec.write_text(rec.read_text().replace('"end_s": 4.0', '"end_s": 3.0'))
+    _edit(path, lambda d: d["records"].update(sha256=hashlib.sha256(rec.read_bytes()).hexdigest()))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "figure req_per_s.value: stored 0.8" in out and "records.sha256" not in out
+
+
+def test_a_rate_needs_times_since_a_common_start():
+    bad = [*LOAD, {"engine": "raw", "request": 9, "end_s": -1.0, "latency_s": 1.0}]
+    with pytest.raises(ResultError, match="stat rate needs times"):
+        write_result("/nonexistent/x.json", LOAD_FIGURES, bad, provenance(argv=["x"]))
+    with pytest.raises(ResultError, match="stat must be one of mean, median, rate"):
+        write_result("/nonexistent/x.json", {"x": {**LOAD_FIGURES["p50"], "stat": "sum"}}, LOAD, provenance(argv=["x"]))
