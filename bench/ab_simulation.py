@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 experiments a cell (10 at plan), 2 sizes, "
                     "lifts 0 and the MDE, 5 looks, a 2,000-user pre-period")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "ab_simulation.json")
-    ap.add_argument("--plot", type=Path, default=Path(__file__).parent / "results" / "ab_simulation.png",
+    ap.add_argument("--plot", default=str(Path(__file__).parent / "results" / "ab_simulation.png"),
                     help="the plot (an empty value: none)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> None:
     prov = provenance(seeds={"simulation": a.seed}, started=t0, argv=["bench/ab_simulation.py", *(sys.argv[1:] if argv is None else argv)])
     doc = write_result(a.out, figures, records, prov, meta=meta)
     figs = doc["figures"]
-    if a.plot and str(a.plot):
-        _plot(figs, sizes, lifts, planned, a.plot)
+    if a.plot:
+        _plot(figs, sizes, lifts, planned, Path(a.plot))
     for k in ("aa_false_positive_rate_msprt", "power_at_mde_fixed_horizon", "power_at_mde_msprt"):
         print(f"{k}: {figs[k]['rate']:.3f} ({figs[k]['ci_low']:.3f}-{figs[k]['ci_high']:.3f}, n {figs[k]['n']})")
     print(f"msprt_over_fixed_power_at_mde: {figs['msprt_over_fixed_power_at_mde']['value']}")
