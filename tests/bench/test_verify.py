@@ -237,7 +237,7 @@ def test_a_tampered_speed_record_fails_the_figures_computed_from_it(tmp_path, ca
 
 @pytest.mark.parametrize("bad", [{"stat": "p101"}, {"stat": "max"}, {"stat": "pxx"}])
 def test_an_unknown_stat_is_refused(tmp_path, bad):
-    with pytest.raises(ResultError, match="stat must be mean, median or pNN"):
+    with pytest.raises(ResultError, match="stat must be mean, median, rate or pNN"):
         write_result(tmp_path / "x.json", {"r": {**SPEED_FIGURES["peer_over_ours"], **bad}}, SPEED_RECORDS,
                      provenance(argv=["x"]))
     with pytest.raises(ResultError, match="q must be a number"):
