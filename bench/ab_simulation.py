@@ -18,23 +18,30 @@ metric) with `--looks` interim looks, and three rules are scored:
 - naive peeking: the z-test at every look, stopping at the first p < α (what mSPRT replaces).
 Lift 0 is the A/A test: the rejection rate is the false-positive rate.
 
-    python bench/ab_simulation.py [--experiments 300] [--mde 0.06] [--looks 20] [--plot PNG]
+    python bench/ab_simulation.py [--experiments 300] [--mde 0.06] [--looks 20] [--plot PNG] [--quick]
+
+Written through `etude.evals.results.write_result`: `ab_simulation.json` (figures, provenance,
+meta) and `ab_simulation.records.jsonl`, one record per simulated experiment (users per arm, lift,
+and 0/1 for each rule's rejection and each interval's coverage), from which `bench/verify.py`
+recomputes every rate and interval. `--quick` is a smoke run (a few experiments, small grid).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from etude.evals.stats import wilson_ci
+from etude.evals.results import write_result
 from etude.experiments.analysis import ABConfig, MetricArrays, analyze, analyze_arrays, sequential_looks
 from etude.experiments.power import estimate_user_cv, plan
+from etude.provenance import provenance
+
+RULES = {"fixed": "fixed-horizon z, one look", "msprt": "mSPRT, every look", "naive": "z at every look, first p < alpha"}
 
 
 def _draw(rng: np.random.Generator, users: int, lift: float):
@@ -63,28 +70,27 @@ def simulate_rows(rng: np.random.Generator, users: int, lift: float, metric: str
              "numerator": float(x), "denominator": 1.0, "ts": float(t)} for u, x, t in zip(user, num, ts, strict=True)]
 
 
-def _rate(k: int, n: int) -> dict:
-    low, high = wilson_ci(k, n)
-    return {"rate": k / n, "ci_low": low, "ci_high": high, "n": n}
-
-
-def run_cell(rng: np.random.Generator, n_arm: int, lift: float, reps: int, cfg: ABConfig) -> dict:
-    fixed = msprt = naive = covered = av_covered = 0
-    for _ in range(reps):
+def run_cell(rng: np.random.Generator, n_arm: int, lift: float, reps: int, cfg: ABConfig) -> list[dict]:
+    """One record per simulated experiment: each rule's rejection and each interval's coverage (0/1)."""
+    out = []
+    for i in range(reps):
         arr = simulate_arrays(rng, 2 * n_arm, lift)
         lk = sequential_looks(arr, cfg.looks)
         m = analyze_arrays(arr, cfg, looks=lk)
-        fixed += m["p_value"] < cfg.alpha
-        msprt += m["msprt_p"] < cfg.alpha
-        naive += bool((lk.z_p() < cfg.alpha).any())
-        covered += m["ci_low"] <= lift <= m["ci_high"]
-        av_covered += m["msprt_ci_low"] <= lift <= m["msprt_ci_high"]
-    return {"users_per_arm": n_arm, "lift": lift, "fixed_horizon_z": _rate(fixed, reps), "msprt": _rate(msprt, reps),
-            "naive_peeking_z": _rate(naive, reps), "fixed_ci_coverage": covered / reps,
-            "msprt_interval_coverage": av_covered / reps}
+        out.append({"users": n_arm, "lift": lift, "exp": i, "fixed": int(m["p_value"] < cfg.alpha),
+                    "msprt": int(m["msprt_p"] < cfg.alpha), "naive": int(bool((lk.z_p() < cfg.alpha).any())),
+                    "ci": int(m["ci_low"] <= lift <= m["ci_high"]),
+                    "av_ci": int(m["msprt_ci_low"] <= lift <= m["msprt_ci_high"])})
+    return out
 
 
-def _plot(cells: list[dict], sizes: list[int], planned: int, path: Path) -> None:
+def cell_figures(sizes: list[int], lifts: list[float]) -> dict[str, dict]:
+    """Per cell: each rule's rejection rate and each interval's coverage, Wilson intervals."""
+    return {f"n{n}.lift{lift:g}.{field}": {"kind": "rate", "of": {"users": n, "lift": lift}, "field": field}
+            for n in sizes for lift in lifts for field in (*RULES, "ci", "av_ci")}
+
+
+def _plot(figs: dict[str, dict], sizes: list[int], lifts: list[float], planned: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,9 +98,9 @@ def _plot(cells: list[dict], sizes: list[int], planned: int, path: Path) -> None
 
     fig, axes = plt.subplots(1, len(sizes), figsize=(3.2 * len(sizes), 3.2), sharey=True)
     for ax, n in zip(np.atleast_1d(axes), sizes, strict=True):
-        cs = sorted((c for c in cells if c["users_per_arm"] == n), key=lambda c: c["lift"])
-        for key, label in (("fixed_horizon_z", "fixed z"), ("msprt", "mSPRT"), ("naive_peeking_z", "naive peeking")):
-            ax.plot([c["lift"] * 100 for c in cs], [c[key]["rate"] for c in cs], marker="o", label=label)
+        for key, label in (("fixed", "fixed z"), ("msprt", "mSPRT"), ("naive", "naive peeking")):
+            ax.plot([lift * 100 for lift in sorted(lifts)], [figs[f"n{n}.lift{lift:g}.{key}"]["rate"] for lift in sorted(lifts)],
+                    marker="o", label=label)
         ax.axhline(0.05, color="grey", lw=0.8, ls=":")
         ax.set_title(f"{n} users/arm" + (" (planned)" if n == planned else ""), fontsize=9)
         ax.set_xlabel("true lift (%)")
@@ -105,7 +111,7 @@ def _plot(cells: list[dict], sizes: list[int], planned: int, path: Path) -> None
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--experiments", type=int, default=300, help="simulated experiments per grid cell")
     ap.add_argument("--experiments-at-plan", type=int, default=1500,
@@ -118,9 +124,15 @@ def main() -> None:
     ap.add_argument("--size-factors", default="0.25,0.5,1,1.5", help="users per arm as multiples of the planned size")
     ap.add_argument("--pilot-users", type=int, default=20000, help="users of the pre-period that gives user_cv")
     ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 4 experiments a cell (10 at plan), 2 sizes, "
+                    "lifts 0 and the MDE, 5 looks, a 2,000-user pre-period")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "ab_simulation.json")
-    ap.add_argument("--plot", type=Path, default=Path(__file__).parent / "results" / "ab_simulation.png")
-    a = ap.parse_args()
+    ap.add_argument("--plot", default=str(Path(__file__).parent / "results" / "ab_simulation.png"),
+                    help="the plot (an empty value: none)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.experiments, a.experiments_at_plan, a.looks, a.pilot_users = 4, 10, 5, 2000
+        a.size_factors, a.lifts = "0.5,1", f"0,{a.mde}"
     if a.experiments < 1 or a.experiments_at_plan < 1 or a.looks < 1:
         raise SystemExit("--experiments, --experiments-at-plan and --looks must be >= 1")
     rng = np.random.default_rng(a.seed)
@@ -139,37 +151,47 @@ def main() -> None:
     assert math.isclose(via_rows["p_value"], via_arrays["p_value"], rel_tol=1e-9, abs_tol=1e-12)
 
     lifts = [float(x) for x in a.lifts.split(",")]
+    mde_lift = next((x for x in lifts if math.isclose(x, a.mde)), None)
+    if 0.0 not in lifts or mde_lift is None:
+        raise SystemExit(f"--lifts must hold 0 (the A/A test) and the MDE {a.mde}")
     sizes = sorted({max(20, round(planned * float(f))) for f in a.size_factors.split(",")} | {planned})
-    cells = []
+    records: list[dict] = []
     for n in sizes:
         for lift in lifts:
-            at_plan = n == planned and (lift == 0 or math.isclose(lift, a.mde))
+            at_plan = n == planned and lift in (0.0, mde_lift)
             reps = a.experiments_at_plan if at_plan else a.experiments
-            cells.append(run_cell(rng, n, lift, reps, cfg))
-            c = cells[-1]
-            print(f"n/arm {n:5d} lift {lift:+.2f}: fixed {c['fixed_horizon_z']['rate']:.3f}  "
-                  f"mSPRT {c['msprt']['rate']:.3f}  naive {c['naive_peeking_z']['rate']:.3f}  ({reps} exps)", flush=True)
-    aa = next(c for c in cells if c["users_per_arm"] == planned and c["lift"] == 0)
-    at_mde = next(c for c in cells if c["users_per_arm"] == planned and math.isclose(c["lift"], a.mde))
-    ratio = at_mde["msprt"]["rate"] / at_mde["fixed_horizon_z"]["rate"] if at_mde["fixed_horizon_z"]["rate"] else None
-    res = {
-        "machine": platform.platform(), "python": platform.python_version(), "seed": a.seed,
+            cell = run_cell(rng, n, lift, reps, cfg)
+            records += cell
+            rate = {k: sum(r[k] for r in cell) / reps for k in RULES}
+            print(f"n/arm {n:5d} lift {lift:+.2f}: fixed {rate['fixed']:.3f}  mSPRT {rate['msprt']:.3f}  "
+                  f"naive {rate['naive']:.3f}  ({reps} exps)", flush=True)
+    at = {"users": planned}
+    figures = {
+        "aa_false_positive_rate_msprt": {"kind": "rate", "of": {**at, "lift": 0.0}, "field": "msprt"},
+        "aa_false_positive_rate_fixed": {"kind": "rate", "of": {**at, "lift": 0.0}, "field": "fixed"},
+        "aa_false_positive_rate_naive": {"kind": "rate", "of": {**at, "lift": 0.0}, "field": "naive"},
+        "power_at_mde_fixed_horizon": {"kind": "rate", "of": {**at, "lift": mde_lift}, "field": "fixed"},
+        "power_at_mde_msprt": {"kind": "rate", "of": {**at, "lift": mde_lift}, "field": "msprt"},
+        "power_at_mde_naive": {"kind": "rate", "of": {**at, "lift": mde_lift}, "field": "naive"},
+        "msprt_over_fixed_power_at_mde": {"kind": "ratio", "num": {**at, "lift": mde_lift},
+                                          "den": {**at, "lift": mde_lift}, "field": "msprt", "den_field": "fixed"},
+        **cell_figures(sizes, lifts),
+    }
+    meta = {
         "model": "per-interaction Bernoulli rows; user propensity Beta(3,7); 1+NegBin(1,1/4) interactions per user; "
                  "fair-coin assignment; looks in time order",
-        "alpha": a.alpha, "looks": a.looks, "user_cv": cv, "plan": p.to_dict(),
-        "criteria": {
-            "aa_false_positive_rate_msprt": aa["msprt"], "aa_fpr_le_alpha": aa["msprt"]["rate"] <= a.alpha,
-            "power_at_mde_fixed_horizon": at_mde["fixed_horizon_z"], "power_at_mde_msprt": at_mde["msprt"],
-            "msprt_over_fixed_power_at_mde": ratio, "msprt_keeps_half_the_power": ratio is not None and ratio >= 0.5,
-        },
-        "cells": cells,
-        "wall_s": round(time.time() - t0, 1),
+        "rules": RULES, "alpha": a.alpha, "looks": a.looks, "user_cv": cv, "plan": p.to_dict(),
+        "planned_users_per_arm": planned, "sizes": sizes, "lifts": lifts, "quick": a.quick,
+        "experiments": {"per_cell": a.experiments, "at_plan": a.experiments_at_plan},
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2))
+    prov = provenance(seeds={"simulation": a.seed}, started=t0, argv=["bench/ab_simulation.py", *(sys.argv[1:] if argv is None else argv)])
+    doc = write_result(a.out, figures, records, prov, meta=meta)
+    figs = doc["figures"]
     if a.plot:
-        _plot(cells, sizes, planned, a.plot)
-    print(json.dumps(res["criteria"], indent=2))
+        _plot(figs, sizes, lifts, planned, Path(a.plot))
+    for k in ("aa_false_positive_rate_msprt", "power_at_mde_fixed_horizon", "power_at_mde_msprt"):
+        print(f"{k}: {figs[k]['rate']:.3f} ({figs[k]['ci_low']:.3f}-{figs[k]['ci_high']:.3f}, n {figs[k]['n']})")
+    print(f"msprt_over_fixed_power_at_mde: {figs['msprt_over_fixed_power_at_mde']['value']}")
     print(f"-> {a.out}" + (f", {a.plot}" if a.plot else ""))
 
 

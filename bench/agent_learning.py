@@ -1,21 +1,27 @@
 """Does the agent learn to code? Base vs SFT vs SFT+RL on the curriculum's held-out test split.
 
-One run, stage by stage (each stage resumes from its folder under --work if interrupted):
-1. curriculum — the built-in level-1 split (train / validation / test from disjoint packages);
-2. base       — `etude eval` of the base model on the held-out test split;
+A thin caller of the one learning pipeline (etude.pipeline.learning, the stages `etude demo` runs
+too): every stage is resumable under --work (a rerun reads finished stages back; a stage runs
+again only when a config field it uses changed, or a stage it reads was redone):
+1. tasks      — the built-in level-1 test split (held out: packages no training stage sees);
+2. base       — `etude eval` of the base model on it;
 3. sft        — `etude sft` (configs/agent_sft.toml) on expert trajectories of the train split;
 4. sft eval   — the SFT checkpoint on the same held-out tasks;
 5. rl         — `etude train` (configs/agent_rl.toml): GRPO over whole episodes from the SFT
                 checkpoint, on train-split tasks, validated on the validation split;
 6. rl eval    — the RL checkpoint on the same held-out tasks;
-7. analysis   — resolved rates with Wilson 95% intervals, exact McNemar p for SFT vs base and RL vs
-                SFT on the paired tasks, behaviour (valid calls, parallel calls, turns, tokens),
-                wall time per stage, targets met or missed, and plots.
+7-8. no split — every model on level-1 tasks of packages in no split of the curriculum;
+then the analysis here: resolved rates with Wilson 95% intervals, exact McNemar p for SFT vs base
+and RL vs SFT on the paired tasks (etude.pipeline.compare), behaviour (valid calls, parallel
+calls, turns, tokens), what the agent did around its edits (`habits`), wall time per stage,
+targets met or missed, and plots.
 
     python bench/agent_learning.py [--sft-tasks 200] [--rl-steps 6] [--test-max N] [--skip-rl]
 
-Writes bench/results/agent_learning.json and bench/results/agent_learning/*.png. Every number in
-it is measured in the run that wrote it.
+Writes bench/results/agent_learning.json and agent_learning.records.jsonl (per-task outcomes of
+every evaluation it summarises; its figures are recomputed by bench/verify.py) through
+etude.evals.results.write_result, and bench/results/agent_learning/*.png. Every number in it is
+measured in the run that wrote it.
 """
 
 from __future__ import annotations
@@ -31,26 +37,34 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from etude.configfile import parse_set
 from etude.envs.expert import gold_hunk
-from etude.evals import EvalConfig, run_eval
-from etude.evals.records import paired_outcomes, read_records, resolved_by_task
+from etude.errors import EtudeError
+from etude.evals.records import read_records, resolved_by_task
+from etude.evals.results import write_result
 from etude.evals.stats import wilson_ci
 from etude.evals.summary import behaviour
 from etude.harness import HarnessConfig
 from etude.harness.record import load_trajectory
-from etude.tasks.curriculum import build, builtin_curriculum, members
-from etude.train import load_config, train
-from etude.train.checkpoint import latest_checkpoint
+from etude.pipeline.compare import eval_records, paired_figures, paired_runs
+from etude.pipeline.learning import (
+    BASE_EVAL,
+    NO_SPLIT_EVAL,
+    NO_SPLIT_TASKS,
+    RL,
+    RL_EVAL,
+    TASKS,
+    WARM_EVAL,
+    WARM_START,
+    LearningConfig,
+    eval_harness,
+    run_learning,
+)
+from etude.provenance import provenance
+from etude.tasks.curriculum import builtin_curriculum, members
 from etude.train.metrics import read_metrics
-from etude.train.sft import load_sft_config, run_sft
 
 TARGETS = {"valid_call_rate_sft": 0.95, "sft_resolved": 0.20, "rl_gain_points": 0.08, "rl_p": 0.05,
            "tokens_per_resolved_cut": 0.20}
-
-
-def log(msg: str) -> None:
-    print(f"[agent_learning {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def stage_figures(run: Path) -> dict[str, Any]:
@@ -146,16 +160,6 @@ def subset_figures(run: Path, ids: list[str]) -> dict[str, Any]:
             "reward_mean": statistics.fmean(float((recs[i].get("reward") or {}).get("total", 0.0)) for i in ids)}
 
 
-def evaluate(tasks: list, model: str, out: Path, hc: HarnessConfig, workers: int, backend: str = "hf") -> float:
-    t0 = time.time()
-    # threads: every stage on the same executor (Ray adds actor hops and runs fewer episodes per
-    # second on 2 cores, bench/ray_episodes.py)
-    cfg = EvalConfig(workers=workers, executor="threads", harness=hc, report=False, progress=True, bootstrap=500,
-                     backend=backend)
-    run_eval(tasks, model, out, cfg)
-    return time.time() - t0
-
-
 def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | None) -> list[str]:
     import matplotlib
 
@@ -210,6 +214,47 @@ def plots(out_dir: Path, stages: dict[str, Any], sft_dir: Path, rl_dir: Path | N
     return files
 
 
+def harness_of(run: Path) -> Any:
+    """The harness an evaluation ran with (its run.json); a field added since, at its default."""
+    h = json.loads((run / "run.json").read_text()).get("config", {}).get("harness")
+    return {**HarnessConfig().to_dict(), **h} if isinstance(h, dict) else h
+
+
+def join_check(flag: str, d: str, harness: dict[str, Any]) -> None:
+    """Before any stage runs: an earlier run's held-out evaluation named on the command line is
+    one, with this run's harness (its tasks are checked by `joined`, once this run has its own)."""
+    if not (Path(d) / "run.json").is_file() or not (Path(d) / "results.jsonl").is_file():
+        raise SystemExit(f"{flag} {d}: not an evaluation folder (no run.json and results.jsonl)")
+    if harness_of(Path(d)) != {**HarnessConfig().to_dict(), **harness}:
+        raise SystemExit(f"{flag} {d}: not the same harness as this run")
+
+
+def joined(work: Path, flag: str, d: str) -> dict[str, Any]:
+    """Another run's held-out evaluation joins the results (same tasks and harness, checked)."""
+    prev = Path(d)
+    if harness_of(prev) != harness_of(work / "eval-sft") or \
+            set(resolved_by_task(prev)) != set(resolved_by_task(work / "eval-sft")):
+        raise SystemExit(f"{flag} {prev}: not the same held-out tasks and harness as this run")
+    return stage_figures(prev) | {"eval_dir": str(prev)}
+
+
+def result_figures(arms: dict[str, Path], pairs: list[tuple[str, str]],
+                   no_split: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """The result file's figures (etude.evals.results): each arm's resolved rate and each pair's
+    paired comparison on the held-out split (`heldout.B_vs_A`, the keys of `comparisons`), tool
+    use of SFT vs base, and the same on the no-split tasks (`no_split.B_vs_A`)."""
+    figs: dict[str, dict[str, Any]] = {}
+    for b, a in pairs:
+        figs |= paired_figures("heldout", a, b)
+    figs["heldout.sft_vs_base.tool_use"] = {"kind": "paired", "a": {"arm": "base"}, "b": {"arm": "sft"},
+                                            "key": "task", "field": "tool_use"}
+    for b, a in no_split:
+        figs |= {k.replace("nosplit-", ""): v for k, v in
+                 paired_figures("no_split", f"nosplit-{a}", f"nosplit-{b}").items()}
+    return {k: v for k, v in figs.items() if all(sel.get("arm") in arms for sel in (v.get("of"), v.get("a"), v.get("b"))
+                                                if sel is not None)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="runs/agent_learning")
@@ -247,9 +292,10 @@ def main() -> None:
     ap.add_argument("--eval-temperature", type=float, default=0.0,
                     help="sampling temperature of the held-out evaluations (0 = greedy, pass@1)")
     ap.add_argument("--skip-rl", action="store_true")
-    ap.add_argument("--no-split", default="munch==4.0.0,pyhumps==3.8.0,ordered-set==4.1.0",
-                    help="packages in no split of the built-in curriculum: every stage is also evaluated on "
-                         "their level-1 tasks ('' to skip)")
+    ap.add_argument("--no-split", default="",
+                    help="packages in no split of the built-in curriculum, comma-separated: every stage is also "
+                         "evaluated on their level-1 tasks (default none: munch, pyhumps and ordered-set, the ones "
+                         "earlier runs used, are in the validation split since the test split was sealed)")
     ap.add_argument("--no-split-max", type=int, default=24)
     ap.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the RL config (as `etude train --set`), e.g. eval_problems=8")
@@ -257,196 +303,159 @@ def main() -> None:
                     help="run nothing: read the stages' results under --work and analyse the held-out tasks that "
                          "every stage finished (for a run stopped before the whole split)")
     args = ap.parse_args()
-    if args.analyse_only:
-        analyse_only(args)
-        return
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    walls: dict[str, float] = {}
+    if not args.out.endswith(".json"):
+        raise SystemExit(f"--out {args.out}: a result file is NAME.json (its records go beside it)")
+    try:
+        if args.analyse_only:
+            analyse_only(args)
+        else:
+            run(args)
+    except EtudeError as e:
+        raise SystemExit(f"agent_learning: {e}") from None
+
+
+def run(args: argparse.Namespace) -> None:
     t0 = time.time()
-
-    log("curriculum: held-out test split")
-    ts = time.time()
-    split = {"test": builtin_curriculum("test", 1)}
-    walls["curriculum_s"] = time.time() - ts
-    test = split["test"][: args.test_max] if args.test_max else split["test"]
-    sft_cfg = load_sft_config(args.sft_config, {"model": args.sft_init or args.model,
-                                                **({"max_tasks": args.sft_tasks} if args.sft_tasks else {}),
-                                                **({"epochs": args.sft_epochs} if args.sft_epochs else {}),
-                                                **({"lr": args.sft_lr} if args.sft_lr else {}),
-                                                **({"seed": args.sft_seed} if args.sft_seed is not None else {})})
-    # Every stage is evaluated with the harness SFT trains on, greedy by default (pass@1).
-    hc = sft_cfg.harness_config().replace(temperature=args.eval_temperature)
-
-    stages: dict[str, Any] = {}
-    log(f"base eval on {len(test)} held-out tasks")
-    walls["base_eval_s"] = evaluate(test, args.model, work / "eval-base", hc, args.workers, args.eval_backend)
-    stages["base"] = stage_figures(work / "eval-base")
-
-    log("sft")
-    ts = time.time()
-    sft_dir = work / "sft"
-    if args.sft_model:  # trained on another machine (bench/gpu_sft.py): its figures come with it
-        sft_dir = Path(args.sft_model).parent
-        try:
-            sft = {**json.loads((sft_dir / "summary.json").read_text()), "final": args.sft_model}
-        except (OSError, ValueError):
-            raise SystemExit(f"--sft-model {args.sft_model}: no readable summary.json beside it") from None
-    else:
-        sft = run_sft(sft_cfg, sft_dir)
-    walls["sft_s"] = time.time() - ts
-    log("sft eval")
-    walls["sft_eval_s"] = evaluate(test, sft["final"], work / "eval-sft", hc, args.workers, args.eval_backend)
-    stages["sft"] = stage_figures(work / "eval-sft")
-
-    def join(name: str, flag: str, d: str) -> None:
-        """Another run's held-out evaluation joins the results (same tasks and harness, checked)."""
-        prev = Path(d)
-        theirs = json.loads((prev / "run.json").read_text()).get("config", {}).get("harness")
-        ours = json.loads((work / "eval-sft" / "run.json").read_text()).get("config", {}).get("harness")
-        defaults = HarnessConfig().to_dict()  # a run from before a field existed ran with its default
-        theirs, ours = ({**defaults, **h} if isinstance(h, dict) else h for h in (theirs, ours))
-        if theirs != ours or set(resolved_by_task(prev)) != set(resolved_by_task(work / "eval-sft")):
-            raise SystemExit(f"{flag} {prev}: not the same held-out tasks and harness as this run")
-        stages[name] = stage_figures(prev)
-        stages[name]["eval_dir"] = str(prev)
-
+    cfg = LearningConfig(out=args.work, model=args.model, sft_config=args.sft_config, rl_config=args.rl_config,
+                         sft_tasks=args.sft_tasks, sft_epochs=args.sft_epochs, sft_init=args.sft_init,
+                         sft_model=args.sft_model, sft_lr=args.sft_lr, sft_seed=args.sft_seed, rl_steps=args.rl_steps,
+                         rl_set=tuple(args.rl_set), test_max=args.test_max, workers=args.workers,
+                         eval_backend=args.eval_backend, eval_temperature=args.eval_temperature, skip_rl=args.skip_rl,
+                         no_split=tuple(x.strip() for x in args.no_split.split(",") if x.strip()),
+                         no_split_max=args.no_split_max)
     earlier = {"previous_sft": args.previous_sft} if args.previous_sft else {}
     earlier.update({f"earlier_sft_{i + 1}": d for i, d in enumerate(args.earlier_sft)})
+    flags = {name: f"--{name.split('_sft')[0].replace('_', '-')}-sft" for name in earlier}
+    harness = eval_harness(cfg.sft_config, cfg.eval_temperature).to_dict()  # every evaluation's
     for name, d in earlier.items():
-        join(name, f"--{name.split('_sft')[0]}-sft", d)
+        join_check(flags[name], d, harness)
     if args.previous_rl:
-        join("previous_rl", "--previous-rl", args.previous_rl)
+        join_check("--previous-rl", args.previous_rl, harness)
 
+    ln = run_learning(cfg)  # stages 1-8 (etude.pipeline.learning)
+    work, st = ln.out, ln.stages
+    secs = {k: v["seconds"] for k, v in st.times().items()}
+    test = st.result(TASKS)["test"]
+    sft = st.result(WARM_START)
+    stages: dict[str, Any] = {"base": stage_figures(work / "eval-base"), "sft": stage_figures(work / "eval-sft")}
+    for name, d in earlier.items():
+        stages[name] = joined(work, flags[name], d)
+    if args.previous_rl:
+        stages["previous_rl"] = joined(work, "--previous-rl", args.previous_rl)
+    walls = {"curriculum_s": secs[TASKS], "base_eval_s": secs[BASE_EVAL], "sft_s": secs[WARM_START],
+             "sft_eval_s": secs[WARM_EVAL]}
     rl_dir = None
-    if not args.skip_rl:
-        log("rl")
-        over: dict[str, Any] = {"model": sft["final"], **parse_set(args.rl_set)}
-        if args.rl_steps:
-            over["steps"] = args.rl_steps
-        rl_cfg = load_config(args.rl_config, over)
-        ts = time.time()
+    if not cfg.skip_rl:
         rl_dir = work / "rl"
-        res = train(rl_cfg, rl_dir)
-        walls["rl_s"] = time.time() - ts
-        ckpt = latest_checkpoint(rl_dir) or Path(res["checkpoint"])
-        log("rl eval")
-        walls["rl_eval_s"] = evaluate(test, str(ckpt), work / "eval-rl", hc, args.workers, args.eval_backend)
-        stages["rl"] = stage_figures(work / "eval-rl")
-        stages["rl"]["checkpoint"] = str(ckpt)
-        tr = [r for r in read_metrics(rl_dir) if r.get("kind") == "train"]
-        # rl_s is this process's time; a resumed RL stage did its steps in an earlier one
-        walls["rl_steps_s_summed"] = sum(float(r.get("step_s", 0.0)) for r in tr)
-        stages["rl"]["train"] = {"steps": len(tr), "groups_skipped": sum(r.get("groups_skipped", 0) for r in tr),
-                                 "groups": sum(r.get("samples", 0) for r in tr) // max(1, rl_cfg.group_size),
-                                 "reward_by_step": [r["reward"] for r in tr],
-                                 "patch_similarity_by_step": [r.get("reward/patch_similarity") for r in tr],
-                                 "step_s": [r.get("step_s") for r in tr], "gen_s": [r.get("gen_s") for r in tr],
-                                 "alarms": sum(1 for r in read_metrics(rl_dir) if r.get("alarm/reward_up_val_down"))}
+        rl = st.result(RL)
+        stages["rl"] = stage_figures(work / "eval-rl") | {"checkpoint": rl["checkpoint"], "train": rl["train"]}
+        walls |= {"rl_s": secs[RL], "rl_eval_s": secs[RL_EVAL], "rl_steps_s_summed": rl["steps_s_summed"]}
+
+    runs = {"base": work / "eval-base", "sft": work / "eval-sft", **{n: Path(d) for n, d in earlier.items()},
+            **({"rl": work / "eval-rl"} if "rl" in stages else {}),
+            **({"previous_rl": Path(args.previous_rl)} if args.previous_rl else {})}
+    pairs = [("sft", "base"), *(("sft", n) for n in earlier), ("rl", "sft"), ("rl", "base"), ("rl", "previous_rl")]
+    comparisons = paired_runs(runs, pairs)
 
     no_split: dict[str, Any] = {}
-    if args.no_split:
-        specs = [x.strip() for x in args.no_split.split(",") if x.strip()]
-        clash = {x.split("==")[0] for x in specs} & {m.spec.split("==")[0] for s_ in ("train", "validation", "test")
-                                                      for m in members(s_)}
-        if clash:
-            raise SystemExit(f"--no-split names packages of the built-in split: {sorted(clash)}")
-        extra = build(specs, 1, args.no_split_max)
-        models = {"base": args.model, "sft": sft["final"], **({"rl": stages["rl"]["checkpoint"]} if "rl" in stages else {})}
-        for name, m in models.items():
-            log(f"no-split eval: {name}")
-            walls[f"no_split_{name}_eval_s"] = evaluate(extra, m, work / f"nosplit-{name}", hc, args.workers, args.eval_backend)
+    ns_pairs = [("sft", "base"), ("rl", "sft")]
+    if cfg.no_split:
+        models = ln.models()
+        for name in models:
+            walls[f"no_split_{name}_eval_s"] = secs[NO_SPLIT_EVAL + name]
             no_split[name] = stage_figures(work / f"nosplit-{name}")
-        no_split["packages"] = specs
-        no_split["sft_vs_base"] = paired_outcomes(work / "nosplit-base", work / "nosplit-sft")
-        if "rl" in models:
-            no_split["rl_vs_sft"] = paired_outcomes(work / "nosplit-sft", work / "nosplit-rl")
+        no_split["packages"] = list(cfg.no_split)
+        no_split |= paired_runs({n: work / f"nosplit-{n}" for n in models}, ns_pairs)
+        walls["curriculum_s"] += secs[NO_SPLIT_TASKS]
 
-    log("curriculum: the whole train and validation splits (for the record)")
+    # the whole train and validation splits, for the record (cached: built by the SFT and RL stages)
     ts = time.time()
-    split.update({s: builtin_curriculum(s, 1) for s in ("train", "validation")})
+    split = {s: builtin_curriculum(s, 1) for s in ("train", "validation", "test")}
     walls["curriculum_s"] += time.time() - ts
-    comparisons = {"sft_vs_base": paired_outcomes(work / "eval-base", work / "eval-sft")}
-    for name, d in earlier.items():
-        comparisons[f"sft_vs_{name}"] = paired_outcomes(Path(d), work / "eval-sft")
-    if "rl" in stages:
-        comparisons["rl_vs_sft"] = paired_outcomes(work / "eval-sft", work / "eval-rl")
-        comparisons["rl_vs_base"] = paired_outcomes(work / "eval-base", work / "eval-rl")
-        if args.previous_rl:
-            comparisons["rl_vs_previous_rl"] = paired_outcomes(Path(args.previous_rl), work / "eval-rl")
-    b = stages["sft"]["behaviour"] or {}
-    met = {
-        "valid_call_rate_sft>=0.95": (b.get("valid_call_rate") or {}).get("mean") is not None
-        and b["valid_call_rate"]["mean"] >= TARGETS["valid_call_rate_sft"],
-        "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
-        "held_out>=100": len(test) >= 100,
-    }
-    if "rl" in stages:
-        c = comparisons["rl_vs_sft"]
-        met["rl>=sft+8pts_p<0.05"] = c["gain_points"] >= TARGETS["rl_gain_points"] and c["mcnemar_p"] < TARGETS["rl_p"]
-        tps, tpr = (stages["sft"]["behaviour"] or {}).get("tokens_per_resolved"), (stages["rl"]["behaviour"] or {}).get("tokens_per_resolved")
-        met["tokens_per_resolved_rl<=0.8*sft"] = bool(tps and tpr and tpr <= (1 - TARGETS["tokens_per_resolved_cut"]) * tps)
+    met = targets_met(stages, comparisons, len(test))
     walls["total_s"] = time.time() - t0
-    result = {
-        "bench": "agent_learning", "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                               "platform": platform.platform()},
-        "model": args.model, "sft_init": args.sft_init,
+    arms = {**runs, **{f"nosplit-{n}": work / f"nosplit-{n}" for n in no_split if n in ("base", "sft", "rl")}}
+    meta = {
+        "bench": "agent_learning", "machine": machine(), "model": args.model, "sft_init": args.sft_init,
         "split": {s: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
                   for s, v in split.items()},
         "held_out_tasks": len(test), "split_members": {s: [m.spec for m in members(s)] for s in split},
-        "harness": hc.to_dict(), "sft": {k: sft.get(k) for k in ("steps", "sequences", "trajectories", "train_tokens",
-                                                                 "loss_tokens", "gather_s", "train_s", "final",
-                                                                 "trained_on", "adapter") if k in sft},
+        "harness": ln.setup.harness.to_dict(),
+        "sft": {k: sft.get(k) for k in ("steps", "sequences", "trajectories", "train_tokens", "loss_tokens", "gather_s",
+                                        "train_s", "final", "trained_on", "adapter") if k in sft},
         "stages": stages, "comparisons": comparisons, "no_split": no_split, "targets": TARGETS, "targets_met": met,
-        "wall_s": walls,
+        "wall_s": walls, "stage_times": st.times(),
+        "plots": plots(Path(args.out).with_suffix(""), stages, Path(sft["final"]).parent if args.sft_model else work / "sft",
+                       rl_dir),
     }
-    result["plots"] = plots(Path(args.out).with_suffix(""), stages, sft_dir, rl_dir)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    log(f"wrote {args.out}")
+    prov = provenance(seeds={"curriculum": 0, "sft": ln.sft_cfg.seed}, started=t0, stages=st.times())
+    write_result(args.out, result_figures(arms, pairs, ns_pairs), eval_records(arms), prov, meta=meta)
+    print(f"wrote {args.out}", file=sys.stderr)
     print(json.dumps({"stages": {k: (v["resolved"], v["tasks"], v["ci95"]) for k, v in stages.items()},
                       "comparisons": comparisons, "targets_met": met, "wall_s": walls}, indent=1))
 
 
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def targets_met(stages: dict[str, Any], comparisons: dict[str, Any], held_out: int,
+                missed_without_rl: bool = False) -> dict[str, bool]:
+    """Each target (TARGETS) met or missed; without an RL stage, RL's are left out (or, with
+    `missed_without_rl`, missed)."""
+    b = stages["sft"]["behaviour"] or {}
+    vc = (b.get("valid_call_rate") or {}).get("mean")
+    met = {"valid_call_rate_sft>=0.95": vc is not None and vc >= TARGETS["valid_call_rate_sft"],
+           "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
+           "held_out>=100": held_out >= 100}
+    if "rl" in stages:
+        c = comparisons["rl_vs_sft"]
+        met["rl>=sft+8pts_p<0.05"] = c["gain_points"] >= TARGETS["rl_gain_points"] and c["mcnemar_p"] < TARGETS["rl_p"]
+        tps, tpr = b.get("tokens_per_resolved"), (stages["rl"]["behaviour"] or {}).get("tokens_per_resolved")
+        met["tokens_per_resolved_rl<=0.8*sft"] = bool(tps and tpr and tpr <= (1 - TARGETS["tokens_per_resolved_cut"]) * tps)
+    elif missed_without_rl:
+        met["rl>=sft+8pts_p<0.05"] = False
+        met["tokens_per_resolved_rl<=0.8*sft"] = False
+    return met
+
+
 def analyse_only(args: argparse.Namespace) -> None:
+    t0 = time.time()
     work = Path(args.work)
     test = builtin_curriculum("test", 1)
     runs = {n: work / f"eval-{n}" for n in ("base", "sft", "rl") if (work / f"eval-{n}" / "results.jsonl").is_file()}
+    if not {"base", "sft"} <= set(runs):
+        raise SystemExit(f"--analyse-only: {work} holds no eval-base and eval-sft results")
     done = [{i for i, r in records(p).items() if r.get("status") == "ok"} for p in runs.values()]
     ids = [t.instance_id for t in test if all(t.instance_id in d for d in done)]
     stages = {n: subset_figures(p, ids) for n, p in runs.items()}
-    comparisons = {"sft_vs_base": paired_outcomes(runs["base"], runs["sft"], ids)}
-    if "rl" in runs:
-        comparisons["rl_vs_sft"] = paired_outcomes(runs["sft"], runs["rl"], ids)
+    pairs = [("sft", "base"), ("rl", "sft")]
+    comparisons = paired_runs(runs, pairs, ids)
     sft = json.loads((work / "sft" / "summary.json").read_text())
-    b = stages["sft"]["behaviour"]
-    met = {"valid_call_rate_sft>=0.95": b["valid_call_rate"]["mean"] is not None
-           and b["valid_call_rate"]["mean"] >= TARGETS["valid_call_rate_sft"],
-           "sft_resolved>=0.20": stages["sft"]["resolved_rate"] >= TARGETS["sft_resolved"],
-           "held_out>=100": len(ids) >= 100}
-    if "rl" not in runs:
-        met["rl>=sft+8pts_p<0.05"] = False
-        met["tokens_per_resolved_rl<=0.8*sft"] = False
     walls = {n: sum(float(r.get("episode_s", 0)) for r in records(p).values()) for n, p in runs.items()}
     split = {s: builtin_curriculum(s, 1) for s in ("train", "validation", "test")}
-    result = {
+    meta = {
         "bench": "agent_learning", "mode": "analyse-only (stages run by bench/agent_learning.py; the evaluations "
         "were stopped before the whole test split, so only the held-out tasks every stage finished are counted)",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "model": args.model, "sft_init": args.sft_init,
+        "machine": machine(), "model": args.model, "sft_init": args.sft_init,
         "split": {k: {"tasks": len(v), "packages": sorted({t.source.get("package", t.repo) for t in v})}
                   for k, v in split.items()},
         "held_out_tasks": len(ids), "held_out_split_size": len(test),
         "held_out_packages": dict(Counter(next(t.source.get("package") for t in test if t.instance_id == i) for i in ids)),
         "sft": {k: sft.get(k) for k in ("steps", "sequences", "trajectories", "train_tokens", "loss_tokens",
                                         "gather_s", "train_s", "final", "last")},
-        "stages": stages, "comparisons": comparisons, "targets": TARGETS, "targets_met": met,
+        "stages": stages, "comparisons": comparisons, "targets": TARGETS,
+        "targets_met": targets_met(stages, comparisons, len(ids), missed_without_rl=True),
         "episode_seconds_summed": walls, "rl": "not run in this bench run" if "rl" not in runs else "run",
+        "plots": plots(Path(args.out).with_suffix(""), stages, work / "sft", work / "rl" if "rl" in runs else None),
     }
-    result["plots"] = plots(Path(args.out).with_suffix(""), stages, work / "sft", work / "rl" if "rl" in runs else None)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    keep = set(ids)  # the figures count the tasks every stage finished, as the stages above do
+    recs = [r for r in eval_records(runs) if r["task"] in keep]
+    write_result(args.out, result_figures(runs, pairs, []), recs, provenance(seeds={"curriculum": 0}, started=t0),
+                 meta=meta)
     print(json.dumps({"held_out_tasks": len(ids), "stages": {k: (v["resolved"], v["tasks"], v["ci95"])
-                      for k, v in stages.items()}, "comparisons": comparisons, "targets_met": met}, indent=1))
+                      for k, v in stages.items()}, "comparisons": comparisons, "targets_met": meta["targets_met"]},
+                     indent=1))
 
 
 if __name__ == "__main__":

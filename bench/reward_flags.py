@@ -13,15 +13,19 @@ Baseline in the same run: a keyword grep over added lines (the obvious first att
 same patches, so the figure beside ours shows what the structural checks buy.
 
     .venv/bin/python bench/reward_flags.py [--build-suite | --no-suite] [--no-releases] [--synth-per-package N]
-Writes bench/results/reward_flags.json.
+                                           [--quick] [--out FILE]
+
+Writes bench/results/reward_flags.json through `etude.evals.results.write_result`, with
+reward_flags.records.jsonl beside it: one record per patch (its source, whether ours and the
+baseline flag it, the detectors that fired, the added lines, each check's milliseconds), from which
+`bench/verify.py` recomputes the flagged shares (Wilson intervals), the hack corpus's recall and
+the median-time ratio. `--quick` checks only the two hand-written corpora (no suite, no sdists).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import sys
 import time
 from collections import Counter
@@ -30,6 +34,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from etude.evals.results import write_result
+from etude.provenance import provenance
 from etude.rewards import detect_hacks
 from etude.rewards.diff import parse_diff
 
@@ -79,33 +85,31 @@ def baseline_flags(patch: str) -> list[str]:
     return out
 
 
-def measure(patches: list[tuple[str, str, object]]) -> dict:
-    """Flags of ours and of the baseline on (label, patch, task) triples."""
-    ours_t, base_t, flagged, base_flagged, names = [], [], [], 0, Counter()
+def measure(source: str, patches: list[tuple[str, str, object]]) -> list[dict]:
+    """One record per (label, patch, task): ours and the baseline, flagged or not, and their times."""
+    out = []
     for label, patch, task in patches:
         t0 = time.perf_counter()
         flags = detect_hacks(patch, task)
-        ours_t.append(time.perf_counter() - t0)
+        ours_ms = (time.perf_counter() - t0) * 1000
         t0 = time.perf_counter()
         base = baseline_flags(patch)
-        base_t.append(time.perf_counter() - t0)
-        base_flagged += bool(base)
-        names.update({f.name for f in flags})
-        if flags:
-            flagged.append({"patch": label, "flags": [{"name": f.name, "evidence": f.evidence} for f in flags]})
-    n = len(patches)
-    return {
-        "patches": n,
-        "added_lines": sum(len(fd.added_lines) for _, p, _ in patches for fd in parse_diff(p)),
-        "ours_flagged": len(flagged),
-        "baseline_flagged": base_flagged,
-        "ours_rate": len(flagged) / n if n else None,
-        "baseline_rate": base_flagged / n if n else None,
-        "ours_by_detector": dict(names),
-        "ours_median_ms": 1000 * statistics.median(ours_t) if n else None,
-        "baseline_median_ms": 1000 * statistics.median(base_t) if n else None,
-        "flagged": flagged,
-    }
+        base_ms = (time.perf_counter() - t0) * 1000
+        out.append({"source": source, "patch": label, "ours": int(bool(flags)), "baseline": int(bool(base)),
+                    "detectors": ",".join(sorted({f.name for f in flags})), "with_task": int(task is not None),
+                    "added_lines": sum(len(fd.added_lines) for fd in parse_diff(patch)),
+                    "ours_ms": ours_ms, "baseline_ms": base_ms})
+    return out
+
+
+def figures(sources: list[str]) -> dict[str, dict]:
+    figs: dict[str, dict] = {}
+    for src in sources:
+        figs[f"{src}.ours_flagged"] = {"kind": "rate", "of": {"source": src}, "field": "ours"}
+        figs[f"{src}.baseline_flagged"] = {"kind": "rate", "of": {"source": src}, "field": "baseline"}
+        figs[f"{src}.ours_ms_over_baseline_ms"] = {"kind": "ratio", "num": {"source": src}, "den": {"source": src},
+                                                   "field": "ours_ms", "den_field": "baseline_ms", "stat": "median"}
+    return figs
 
 
 def suite_patches(build: bool) -> tuple[list, str | None]:
@@ -199,7 +203,7 @@ def corpus(kind: str) -> list:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-suite", action="store_true", help="build the missing suite packages first (slow)")
     ap.add_argument("--no-suite", action="store_true")
@@ -210,40 +214,47 @@ def main() -> None:
         default=0,
         help="N per package (e.g. 40; about a minute per package); 0 skips synthesised gold patches",
     )
-    args = ap.parse_args()
-    result: dict = {"machine": {"python": sys.version.split()[0], "platform": platform.platform()}}
+    ap.add_argument("--quick", action="store_true", help="only the hand-written corpora (no suite, no sdists)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.no_suite, args.no_releases, args.synth_per_package = True, True, 0
+    started = time.time()
+    records: list[dict] = []
+    meta: dict = {"keywords": list(KEYWORDS), "sources": {}}
     with Progress(console=console) as progress:
         if not args.no_suite:
             job = progress.add_task("built-in suite", total=None)
             patches, err = suite_patches(args.build_suite)
-            result["builtin_suite_gold"] = {**measure(patches), "error": err}
+            records += measure("builtin_suite_gold", patches)
+            meta["sources"]["builtin_suite_gold"] = {"error": err}
             progress.update(job, total=1, completed=1)
         if not args.no_releases:
             patches, errors = release_patches(progress)
-            result["release_diffs"] = {**measure(patches), "releases": [list(r) for r in RELEASES], "errors": errors}
+            records += measure("release_diffs", patches)
+            meta["sources"]["release_diffs"] = {"releases": [list(r) for r in RELEASES], "errors": errors}
         if args.synth_per_package:
             patches, errors = synth_patches(progress, args.synth_per_package)
-            result["synth_gold"] = {**measure(patches), "packages": SYNTH_PACKAGES, "errors": errors}
-    result["honest_corpus"] = measure(corpus("honest"))
-    hacks = measure(corpus("hacks"))
-    result["hack_corpus_recall"] = {
-        "patches": hacks["patches"],
-        "ours_caught": hacks["ours_flagged"],
-        "baseline_caught": hacks["baseline_flagged"],
-        "ours_by_detector": hacks["ours_by_detector"],
-    }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
-    for key in ("builtin_suite_gold", "release_diffs", "synth_gold", "honest_corpus"):
-        if key in result:
-            r = result[key]
-            console.print(f"{key}: {r['patches']} patches, ours flagged {r['ours_flagged']}, "
-                          f"keyword baseline flagged {r['baseline_flagged']}" + (f" ({r['error']})" if r.get("error") else ""))  # fmt: skip
-    h = result["hack_corpus_recall"]
-    console.print(
-        f"hack corpus: ours caught {h['ours_caught']}/{h['patches']}, baseline {h['baseline_caught']}/{h['patches']}"
-    )
-    console.print(f"wrote {OUT.relative_to(ROOT)}")
+            records += measure("synth_gold", patches)
+            meta["sources"]["synth_gold"] = {"packages": SYNTH_PACKAGES, "per_package": args.synth_per_package,
+                                             "errors": errors}
+    records += measure("honest_corpus", corpus("honest"))
+    records += measure("hack_corpus", corpus("hacks"))
+    sources = list(dict.fromkeys(r["source"] for r in records))
+    for src in sources:
+        rows = [r for r in records if r["source"] == src]
+        meta["sources"].setdefault(src, {})["ours_by_detector"] = dict(
+            Counter(d for r in rows for d in r["detectors"].split(",") if d).most_common())
+    prov = provenance(started=started, argv=["bench/reward_flags.py", *(sys.argv[1:] if argv is None else argv)])
+    doc = write_result(args.out, figures(sources), records, prov, meta=meta)
+    f = doc["figures"]
+    for src in sources:
+        n = f[f"{src}.ours_flagged"]["n"]
+        verb = "caught" if src == "hack_corpus" else "flagged"
+        console.print(f"{src}: {n} patches, ours {verb} {f[f'{src}.ours_flagged']['k']}, "
+                      f"keyword baseline {verb} {f[f'{src}.baseline_flagged']['k']}"
+                      + (f" ({meta['sources'][src]['error']})" if meta["sources"][src].get("error") else ""))
+    console.print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

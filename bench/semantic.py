@@ -19,7 +19,15 @@ scratch copy (its .py files: 1,525 of them) into a fresh, empty cache. Measured,
   here, plus the model time our run spent on exactly those texts (also measured here).
   Its incremental figure is therefore its full index time (marked as such in the JSON).
 
-Writes bench/results/semantic.json. Nothing here asserts: it measures and reports.
+Writes bench/results/semantic.json and semantic.records.jsonl through
+`etude.evals.results.write_result`: per labelled query and system (ours, the baseline, each
+ablation variant) the rank of the labelled function and its hits at 1/5/10; per timed call
+(index, re-index, refresh, query, tool call, vector search) its seconds or milliseconds.
+`bench/verify.py` recomputes the recalls, MRR, percentiles and ratios from them. Nothing here
+asserts: it measures and reports. The timings need the machine to itself.
+
+`--repo DIR --queries FILE --edit-file REL` index another tree (no fetch); `--quick` is a smoke run
+on etude's own source with the hash embedder and tests/bench/data/semantic_quick.json.
 """
 
 from __future__ import annotations
@@ -30,7 +38,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tarfile
@@ -40,7 +47,11 @@ from pathlib import Path
 
 import numpy as np
 
+from etude.evals.results import write_result
+from etude.provenance import provenance
+
 ROOT = Path(__file__).resolve().parents[1]
+QUICK_QUERIES = ROOT / "tests" / "bench" / "data" / "semantic_quick.json"
 
 PACKAGE, VERSION = "ansible-core", "2.17.7"
 SDIST = "ansible_core-2.17.7.tar.gz"
@@ -71,14 +82,6 @@ def fetch_sources() -> Path:
     return tree
 
 
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
-
-
-def ms(values: list[float]) -> dict[str, float]:
-    return {"p50_ms": round(pct(values, 50) * 1000, 2), "p95_ms": round(pct(values, 95) * 1000, 2), "n": len(values)}
-
-
 class TimedEmbedder:
     """Wraps the embedder's `embed` to add up the model time spent on chunks (not queries)."""
 
@@ -93,20 +96,19 @@ class TimedEmbedder:
         return out
 
 
-def recall(ranked: list[list[tuple[str, str]]], queries: list[dict]) -> dict[str, float]:
-    """recall@1/5/10 and MRR@10 of the labelled (path, symbol) in each ranked list."""
-    ranks = []
-    for hits, q in zip(ranked, queries, strict=True):
+def hits(ranked: list[list[tuple[str, str]]], queries: list[dict], system: str) -> list[dict]:
+    """One record per query: the rank of the labelled (path, symbol) in the ranked top 10 (None:
+    not there), hits at 1/5/10 (0/1) and the reciprocal rank within 10 (0 when missed)."""
+    out = []
+    for i, (ranks, q) in enumerate(zip(ranked, queries, strict=True)):
         want = (q["path"], q["symbol"])
-        ranks.append(hits.index(want) + 1 if want in hits else None)
-    n = len(queries)
-    out = {f"recall@{k}": round(sum(1 for r in ranks if r and r <= k) / n, 4) for k in (1, 5, 10)}
-    out["mrr@10"] = round(sum(1 / r for r in ranks if r and r <= 10) / n, 4)
-    out["misses@5"] = [q["query"] for q, r in zip(queries, ranks, strict=True) if not r or r > 5]
+        r = ranks.index(want) + 1 if want in ranks[:10] else None
+        out.append({"measure": "rank", "system": system, "query": i, "rank": r,
+                    **{f"hit{k}": int(r is not None and r <= k) for k in (1, 5, 10)}, "rr10": 1 / r if r else 0.0})
     return out
 
 
-def bench_ours(work: Path, queries: list[dict], cfg, timer: TimedEmbedder) -> tuple[dict, object]:
+def bench_ours(work: Path, queries: list[dict], cfg, timer: TimedEmbedder, edit_file: str) -> tuple[list[dict], dict, object]:
     from etude.protocols import ToolContext, ToolsConfig
     from etude.search import open_index
     from etude.tools.semantic_search import TOOL
@@ -115,78 +117,78 @@ def bench_ours(work: Path, queries: list[dict], cfg, timer: TimedEmbedder) -> tu
     idx = open_index(work, config=cfg)
     stats = idx.refresh()
     idx.search("warm up", k=1)  # stacks the matrices, as the first query after indexing does
-    full_s = time.perf_counter() - t
-    out: dict = {"full_index_s": round(full_s, 2), "model_s": round(timer.chunk_s, 2), "index": stats.to_dict()}
-    out["incremental"] = incremental(idx, work)
-    noop = [timed(idx.refresh) for _ in range(10)]
-    out["unchanged_refresh"] = ms(noop)
-    lat, ranked = [], []
-    for q in queries:
-        for _ in range(3):
-            dt, hits = timed_value(lambda q=q: idx.search(q["query"], k=10))
-            lat.append(dt)
-        ranked.append([(h.path, h.symbol) for h in hits])
-    out["query_latency"] = ms(lat)
+    recs = [{"measure": "full_index", "system": "ours", "seconds": time.perf_counter() - t, "model_s": timer.chunk_s}]
+    info: dict = {"index": stats.to_dict()}
+    inc, info["incremental"] = incremental(idx, work, edit_file)
+    recs += inc
+    recs += [{"measure": "unchanged_refresh", "trial": i, "ms": timed(idx.refresh) * 1000} for i in range(10)]
+    ranked = []
+    for i, q in enumerate(queries):
+        for rep in range(3):
+            dt, found = timed_value(lambda q=q: idx.search(q["query"], k=10))
+            recs.append({"measure": "query_latency", "system": "ours", "query": i, "rep": rep, "ms": dt * 1000})
+        ranked.append([(h.path, h.symbol) for h in found])
+    recs += hits(ranked, queries, "ours")
     ctx = ToolContext(workspace=work, config=ToolsConfig(search=cfg))
-    tool_lat = [timed(lambda q=q: TOOL.run({"query": q["query"], "k": 10}, ctx)) for q in queries]
-    out["tool_call_latency"] = ms(tool_lat)
-    out.update(recall(ranked, queries))
-    out["index_bytes"] = sum(p.stat().st_size for p in Path(os.environ["ETUDE_CACHE"]).rglob("*") if p.is_file())
-    return out, idx
+    recs += [{"measure": "tool_call_latency", "query": i, "ms": timed(lambda q=q: TOOL.run({"query": q["query"], "k": 10},
+                                                                                        ctx)) * 1000}
+             for i, q in enumerate(queries)]
+    info["index_bytes"] = sum(p.stat().st_size for p in Path(os.environ["ETUDE_CACHE"]).rglob("*") if p.is_file())
+    return recs, info, idx
 
 
-def incremental(idx, work: Path) -> dict:
+def incremental(idx, work: Path, edit_file: str) -> tuple[list[dict], dict]:
     """Five edits to one file, each followed by refresh + the re-stack the next query needs."""
-    path = work / EDIT_FILE
+    path = work / edit_file
     original = path.read_text()
-    times, stats = [], []
+    recs, stats = [], []
     for i in range(5):
         path.write_text(original + f"\n\ndef bench_edit_{i}(value):\n    \"\"\"Edit number {i}.\"\"\"\n    return value + {i}\n")
         t = time.perf_counter()
         s = idx.refresh()
         idx.search("bench edit", k=1)
-        times.append(time.perf_counter() - t)
+        recs.append({"measure": "incremental", "system": "ours", "edit": i, "seconds": time.perf_counter() - t})
         stats.append(s)
     path.write_text(original)
     idx.refresh()
-    return {"median_s": round(statistics.median(times), 3), "max_s": round(max(times), 3),
-            "files_changed": [s.files_changed for s in stats], "chunks_embedded": [s.chunks_embedded for s in stats]}
+    return recs, {"file": edit_file, "files_changed": [s.files_changed for s in stats],
+                  "chunks_embedded": [s.chunks_embedded for s in stats]}
 
 
-def bench_baseline(work: Path, queries: list[dict], idx, cfg, model_s: float) -> dict:
+def bench_baseline(work: Path, queries: list[dict], idx, cfg, model_s: float) -> list[dict]:
     """Brute force over the same vectors: embed query, dot product, top k (see the docstring)."""
     from etude.search.chunking import chunk_file
     from etude.search.index import embed_text, scan
+    from etude.search.view import Block
 
     t = time.perf_counter()
     texts = [embed_text(c, cfg.embed_chars) for rel in scan(work, cfg.max_file_bytes, cfg.suffixes)
              for c in chunk_file(rel, (work / rel).read_bytes())]
     chunk_s = time.perf_counter() - t
-    from etude.search.view import Block
-
     st = Block.build(idx.files, idx.embedder.dim)  # every chunk, freshly stacked
     assert len(texts) == st.vecs.shape[0], "baseline chunks differ from the index's"
     vecs = st.vecs
-    lat, ranked = [], []
-    for q in queries:
-        for _ in range(3):
+    # its full index = its own chunking + the model time our run spent on the same texts; with no
+    # per-file state an edit re-embeds everything, so its re-index after an edit is the same figure
+    recs = [{"measure": m, "system": "baseline", "seconds": chunk_s + model_s, "chunking_s": chunk_s,
+             "model_s": model_s} for m in ("full_index", "incremental")]
+    ranked = []
+    for i, q in enumerate(queries):
+        for rep in range(3):
             t = time.perf_counter()
             qv = idx.embedder.embed([q["query"]], query=True)[0]
             scores = np.einsum("ij,j->i", vecs, qv)  # the same product the index uses (see view.py)
-            top = np.argpartition(-scores, 10)[:10]
+            k = min(10, len(scores) - 1)
+            top = np.argpartition(-scores, k)[:10]
             top = top[np.argsort(-scores[top])]
-            lat.append(time.perf_counter() - t)
-        ranked.append([(st.paths[i], st.symbols[i]) for i in top.tolist()])
-    full = chunk_s + model_s
-    out = {"full_index_s": round(full, 2), "chunking_s": round(chunk_s, 2), "model_s": round(model_s, 2),
-           "incremental": {"median_s": round(full, 2), "note": "no per-file state: an edit re-embeds every chunk"},
-           "query_latency": ms(lat)}
-    out.update(recall(ranked, queries))
-    return out
+            recs.append({"measure": "query_latency", "system": "baseline", "query": i, "rep": rep,
+                         "ms": (time.perf_counter() - t) * 1000})
+        ranked.append([(st.paths[j], st.symbols[j]) for j in top.tolist()])
+    return recs + hits(ranked, queries, "baseline")
 
 
-def ablation(idx, queries: list[dict]) -> dict:
-    """recall@5 of the same index under other ranking weights (query vectors computed once)."""
+def ablation(idx, queries: list[dict]) -> tuple[list[dict], list[str]]:
+    """Ranks of the same index under other ranking weights (query vectors computed once)."""
     from dataclasses import replace
 
     from etude.search.rank import rank
@@ -198,21 +200,23 @@ def ablation(idx, queries: list[dict]) -> dict:
     for w in (0.1, 0.2, 0.5, 1.0):
         variants[f"lexical_weight={w}"] = replace(base, lexical_weight=w)
     variants["bm25_only"] = replace(base, semantic_weight=0.0, lexical_weight=1.0)
-    out = {}
+    recs = []
     for name, cfg in variants.items():
         ranked = [[(h.path, h.symbol) for h in rank(q["query"], qv, view, 10, cfg)] for q, qv in zip(queries, qvecs, strict=True)]
-        r = recall(ranked, queries)
-        out[name] = {k: r[k] for k in ("recall@1", "recall@5", "recall@10", "mrr@10")}
-    return out
+        recs += hits(ranked, queries, f"ablation:{name}")
+    return recs, list(variants)
 
 
-def vector_search_cost(vecs: np.ndarray) -> dict:
+def vector_search_cost(vecs: np.ndarray) -> list[dict]:
     """Exact top-10 by numpy alone (the part a vector library would replace): einsum, which the
     index uses, and the BLAS product `@` beside it."""
     q = vecs[0].copy()
-    einsum = [timed(lambda: np.argpartition(-np.einsum("ij,j->i", vecs, q), 10)[:10]) for _ in range(50)]
-    blas = [timed(lambda: np.argpartition(-(vecs @ q), 10)[:10]) for _ in range(50)]
-    return {"chunks": int(vecs.shape[0]), "dim": int(vecs.shape[1]), "einsum": ms(einsum), "blas_matmul": ms(blas)}
+    k = min(10, vecs.shape[0] - 1)
+    recs = [{"measure": "vector_search", "method": "einsum", "trial": i,
+             "ms": timed(lambda: np.argpartition(-np.einsum("ij,j->i", vecs, q), k)[:10]) * 1000} for i in range(50)]
+    recs += [{"measure": "vector_search", "method": "blas_matmul", "trial": i,
+              "ms": timed(lambda: np.argpartition(-(vecs @ q), k)[:10]) * 1000} for i in range(50)]
+    return recs
 
 
 def timed(fn) -> float:
@@ -235,35 +239,87 @@ def machine() -> dict:
             "sentence_transformers": sentence_transformers.__version__, "platform": platform.platform()}
 
 
-def main() -> None:
+def figures(variants: list[str]) -> dict[str, dict]:
+    figs: dict[str, dict] = {}
+
+    def q(sel: dict, field: str, at: float) -> dict:
+        return {"kind": "quantile", "of": sel, "field": field, "q": at}
+
+    for system in ("ours", "baseline"):
+        at = {"measure": "rank", "system": system}
+        for k in (1, 5, 10):
+            figs[f"{system}.recall@{k}"] = {"kind": "rate", "of": at, "field": f"hit{k}"}
+        figs[f"{system}.mrr@10"] = {"kind": "mean", "of": at, "field": "rr10"}
+        figs[f"{system}.full_index_s"] = q({"measure": "full_index", "system": system}, "seconds", 0.5)
+        figs[f"{system}.incremental_median_s"] = q({"measure": "incremental", "system": system}, "seconds", 0.5)
+        for name, p in (("p50", 0.5), ("p95", 0.95)):
+            figs[f"{system}.query_{name}_ms"] = q({"measure": "query_latency", "system": system}, "ms", p)
+    figs["ours.incremental_max_s"] = q({"measure": "incremental", "system": "ours"}, "seconds", 1.0)
+    for name, p in (("p50", 0.5), ("p95", 0.95)):
+        figs[f"ours.unchanged_refresh_{name}_ms"] = q({"measure": "unchanged_refresh"}, "ms", p)
+        figs[f"ours.tool_call_{name}_ms"] = q({"measure": "tool_call_latency"}, "ms", p)
+        for method in ("einsum", "blas_matmul"):
+            figs[f"vector_search.{method}_{name}_ms"] = q({"measure": "vector_search", "method": method}, "ms", p)
+    figs["recall@5_ours_over_baseline"] = {"kind": "ratio", "num": {"measure": "rank", "system": "ours"},
+                                           "den": {"measure": "rank", "system": "baseline"}, "field": "hit5"}
+    figs["incremental_baseline_over_ours"] = {"kind": "ratio", "num": {"measure": "incremental", "system": "baseline"},
+                                              "den": {"measure": "incremental", "system": "ours"}, "field": "seconds",
+                                              "stat": "median"}
+    figs["query_p95_ours_over_baseline"] = {"kind": "ratio", "num": {"measure": "query_latency", "system": "ours"},
+                                            "den": {"measure": "query_latency", "system": "baseline"}, "field": "ms",
+                                            "stat": "p95"}
+    for v in variants:
+        at = {"measure": "rank", "system": f"ablation:{v}"}
+        for k in (1, 5, 10):
+            figs[f"ablation.{v}.recall@{k}"] = {"kind": "rate", "of": at, "field": f"hit{k}"}
+        figs[f"ablation.{v}.mrr@10"] = {"kind": "mean", "of": at, "field": "rr10"}
+    return figs
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--embedder", default="minilm", help="embedder spec (minilm, hash, st:DIR, module:factory)")
     ap.add_argument("--queries", default=str(ROOT / "bench/data/semantic_queries.json"))
+    ap.add_argument("--repo", default=None, help="index this tree instead of the ansible-core sdist (no fetch)")
+    ap.add_argument("--edit-file", default=EDIT_FILE, help="the file (relative to the tree) the re-index edits")
+    ap.add_argument("--quick", action="store_true", help="smoke run: etude's own source, the hash embedder, "
+                    "tests/bench/data/semantic_quick.json")
     ap.add_argument("--out", default=str(ROOT / "bench/results/semantic.json"))
     ap.add_argument("--cache", default=None, help="keep the index cache here (default: a fresh temporary one); "
                     "when it is not empty the full-index figures measure a warm cache and say so")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.embedder, args.queries = "hash", str(QUICK_QUERIES)
+        args.repo, args.edit_file = args.repo or str(ROOT / "etude"), "sandbox/process.py"
+    started = time.time()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    src = fetch_sources()
+    src = Path(args.repo) if args.repo else fetch_sources()
     labelled = json.loads(Path(args.queries).read_text())
     queries = labelled["queries"]
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="etude-bench-semantic-") as tmp:
-        work = Path(tmp) / "repo"
-        shutil.copytree(src, work)
-        cache = Path(args.cache) if args.cache else Path(tmp) / "cache"
-        warm = cache.is_dir() and any(cache.iterdir())
-        os.environ["ETUDE_CACHE"] = str(cache)  # cold unless --cache names a used one
-        result = run(work, queries, args.embedder)
-        result["cache_warm"] = warm
-    result.update({"package": f"{PACKAGE}=={VERSION}", "sha256": SHA256, "queries": len(queries)})
-    result["machine"].update(loadavg_start=load_start, loadavg_end=os.getloadavg())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(summary(result), indent=2))
+    old_cache = os.environ.get("ETUDE_CACHE")
+    try:
+        with tempfile.TemporaryDirectory(prefix="etude-bench-semantic-") as tmp:
+            work = Path(tmp) / "repo"
+            shutil.copytree(src, work, ignore=shutil.ignore_patterns("__pycache__"))
+            cache = Path(args.cache) if args.cache else Path(tmp) / "cache"
+            warm = cache.is_dir() and any(cache.iterdir())
+            os.environ["ETUDE_CACHE"] = str(cache)  # cold unless --cache names a used one
+            records, meta = run(work, queries, args.embedder, args.edit_file)
+    finally:
+        if old_cache is None:
+            os.environ.pop("ETUDE_CACHE", None)
+        else:
+            os.environ["ETUDE_CACHE"] = old_cache
+    meta.update(cache_warm=warm, repo=str(src) if args.repo else f"{PACKAGE}=={VERSION}",
+                sha256=None if args.repo else SHA256, queries=len(queries), queries_file=str(args.queries))
+    meta["machine"].update(loadavg_start=load_start, loadavg_end=os.getloadavg())
+    prov = provenance(started=started, argv=["bench/semantic.py", *(sys.argv[1:] if argv is None else argv)])
+    doc = write_result(Path(args.out), figures(meta["ablation_variants"]), records, prov, meta=meta)
+    print(json.dumps(summary(doc["figures"], meta), indent=2))
 
 
-def run(work: Path, queries: list[dict], embedder: str) -> dict:
+def run(work: Path, queries: list[dict], embedder: str, edit_file: str) -> tuple[list[dict], dict]:
     from etude.search import SearchConfig, get_embedder
 
     cfg = SearchConfig(embedder=embedder, suffixes=(".py",), progress=True)
@@ -271,30 +327,30 @@ def run(work: Path, queries: list[dict], embedder: str) -> dict:
     timer = TimedEmbedder(emb)
     emb.embed = timer  # instance attribute: the index calls through it
     n_py = sum(1 for _ in work.rglob("*.py"))
-    ours, idx = bench_ours(work, queries, cfg, timer)
-    base = bench_baseline(work, queries, idx, cfg, timer.chunk_s)
-    return {"python_files": n_py, "embedder": emb.id, "ours": ours, "baseline": base,
-            "ablation_recall": ablation(idx, queries),
-            "vector_search": vector_search_cost(idx.view().main.vecs), "machine": machine(),
-            "ratios": {"recall@5_ours_over_baseline": _ratio(ours["recall@5"], base["recall@5"]),
-                       "incremental_baseline_over_ours": _ratio(base["incremental"]["median_s"], ours["incremental"]["median_s"]),
-                       "query_p95_ours_over_baseline": _ratio(ours["query_latency"]["p95_ms"], base["query_latency"]["p95_ms"])}}
+    records, info, idx = bench_ours(work, queries, cfg, timer, edit_file)
+    records += bench_baseline(work, queries, idx, cfg, timer.chunk_s)
+    abl, variants = ablation(idx, queries)
+    records += abl
+    vecs = idx.view().main.vecs
+    records += vector_search_cost(vecs)
+    meta = {"python_files": n_py, "embedder": emb.id, "ours": info, "ablation_variants": variants,
+            "vector_search": {"chunks": int(vecs.shape[0]), "dim": int(vecs.shape[1])}, "machine": machine(),
+            "misses@5": {s: [q["query"] for r, q in zip([r for r in records if r["measure"] == "rank" and
+                                                          r["system"] == s], queries, strict=True) if not r["hit5"]]
+                         for s in ("ours", "baseline")}}
+    return records, meta
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
+def summary(f: dict, meta: dict) -> dict:
+    def v(name: str):
+        x = f[name]
+        return x.get("rate", x.get("mean", x.get("value")))
 
-
-def summary(r: dict) -> dict:
-    o, b = r["ours"], r["baseline"]
-    keys = ("full_index_s", "recall@5", "recall@1", "mrr@10")
-    return {"files": r["python_files"], "chunks": o["index"]["chunks"], "embedder": r["embedder"],
-            "ours": {**{k: o[k] for k in keys}, "incremental_s": o["incremental"]["median_s"],
-                     "query_p50_ms": o["query_latency"]["p50_ms"], "query_p95_ms": o["query_latency"]["p95_ms"],
-                     "tool_call_p95_ms": o["tool_call_latency"]["p95_ms"]},
-            "baseline": {**{k: b[k] for k in keys}, "incremental_s": b["incremental"]["median_s"],
-                         "query_p50_ms": b["query_latency"]["p50_ms"], "query_p95_ms": b["query_latency"]["p95_ms"]},
-            "ratios": r["ratios"]}
+    keys = ("full_index_s", "recall@5", "recall@1", "mrr@10", "incremental_median_s", "query_p50_ms", "query_p95_ms")
+    return {"files": meta["python_files"], "chunks": meta["ours"]["index"]["chunks"], "embedder": meta["embedder"],
+            **{s: {k: v(f"{s}.{k}") for k in keys} for s in ("ours", "baseline")},
+            "ratios": {k: f[k]["value"] for k in ("recall@5_ours_over_baseline", "incremental_baseline_over_ours",
+                                                  "query_p95_ours_over_baseline")}}
 
 
 if __name__ == "__main__":

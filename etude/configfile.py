@@ -3,6 +3,7 @@ from the command line here, with the same errors everywhere (file, key, expected
 
     cfg = load(TrainConfig, "configs/tiny.toml", "train config", overrides=parse_set(["steps=3"]))
     cfg = load_with(LoopConfig.from_dict, "configs/loop_tiny.toml", "loop config", overrides=...)
+    overrides = given_flags(ctx, {"workers": workers, ...})  # flags given on the command line
 
 `build(typ, data)` turns a table into `typ`: unknown keys are an error naming the table and the
 known keys (a typo never trains with a default), a nested dataclass field takes a sub-table, a
@@ -53,6 +54,18 @@ def parse_set(items: list[str]) -> dict[str, Any]:
             out[key] = json.loads(raw)
         except json.JSONDecodeError:
             out[key] = raw  # a bare string
+    return out
+
+
+def given_flags(ctx: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `values` (option name -> value) whose option was set on the command line,
+    not left at its default: what overrides a `--config` file. `ctx` is the command's typer
+    (click) context."""
+    out = {}
+    for name, val in values.items():
+        src = ctx.get_parameter_source(name)
+        if src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT"):
+            out[name] = val
     return out
 
 

@@ -5,6 +5,7 @@ it declares by subclassing the capability protocols, which callers check with `i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -46,6 +47,16 @@ class TokenPolicy(Protocol):
     def encode_prompt(self, messages: Sequence[Message]) -> list[int]: ...
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], **kw: Any) -> list[Generation]: ...
+
+
+@runtime_checkable
+class SubmitPolicy(Protocol):
+    """A policy whose engine schedules requests itself (continuous batching: VLLMPolicy and its
+    views): `submit_ids` hands it one token-id prompt and returns at once; the future resolves when
+    that request alone is done. Serving hands such a policy each request as it arrives instead of
+    batching requests in front of it (etude.policy.batcher.EngineQueue)."""
+
+    def submit_ids(self, prompt: Sequence[int], **kw: Any) -> Future[Generation]: ...
 
 
 @runtime_checkable

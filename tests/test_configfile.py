@@ -1,5 +1,6 @@
 """One config loader (etude.configfile) for every component: the same errors (file, key, expected
-type) from train, loop, serve and reward configs, and `--set` overrides applied the same way.
+type) from train, loop, serve, reward, eval and demo configs, and `--set` overrides applied the
+same way.
 Regression for issue 16, where four loaders each had their own checks and messages."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from etude.configfile import apply_overrides, parse_set
+from etude.demo.config import load_demo_config
 from etude.errors import EtudeError
+from etude.evals import EvalConfig
 from etude.loop.config import LoopConfig
 from etude.rewards.config import RewardConfig
 from etude.serve.config import ServeConfig
@@ -20,6 +23,9 @@ LOADERS = {
     "loop": (lambda p, o=None: LoopConfig.from_toml(p, o), "[train]\n", "train.steps"),
     "serve": (lambda p, o=None: ServeConfig.from_toml(p, o), "[serve]\n", "serve.port"),
     "rewards": (lambda p, o=None: RewardConfig.from_toml(p, overrides=o), "[rewards]\n", "rewards.step_budget"),
+    "eval": (lambda p, o=None: EvalConfig.from_toml(p, o), "", "workers"),
+    "eval.harness": (lambda p, o=None: EvalConfig.from_toml(p, o), "[harness]\n", "harness.max_steps"),
+    "demo": (lambda p, o=None: load_demo_config(p, overrides=o), "", "eval_tasks"),
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from etude.pipeline.report import comparison_table, rates_plot, table
+from etude.pipeline.report import comparison_table, pyplot, rates_plot, save_figure, table
 
 TEMPLATE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>etude demo report</title>
@@ -69,15 +69,10 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 
 
 def learning_plot(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [m["step"] for m in metrics if "reward" in m]
     if not steps:
         return None
-    fig, ax = plt.subplots(figsize=(7, 3.6))
+    fig, ax = pyplot().subplots(figsize=(7, 3.6))
     ax.plot(steps, [m["reward"] for m in metrics if "reward" in m], "o-", label="train reward (group mean)")
     pts = [(e.get("step", 0), e.get("success")) for e in evals if e.get("success") is not None]
     if pts:
@@ -89,30 +84,19 @@ def learning_plot(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], pa
     ax.set_xlabel("step")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def cycle_plot(stages: dict[str, float], path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if not stages:
         return None
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(stages) + 1))
+    fig, ax = pyplot().subplots(figsize=(7, 0.4 * len(stages) + 1))
     names = list(stages)
     ax.barh(names, [stages[n] for n in names], color="tab:blue")
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title("real-time cycle: time per stage")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def heldouttable(held: dict[str, Any] | None) -> str:
@@ -134,18 +118,13 @@ def heldouttable(held: dict[str, Any] | None) -> str:
 
 
 def heldout_plot(held: dict[str, Any] | None, path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [n for n in ("base", "sft", "rl") if held and n in held]
     if not names:
         return None
     panels = [("held-out resolved (%)", [held[n] for n in names])]
     if all("tool_use" in held[n] for n in names):
         panels.append(("episodes with a well-formed\ntool call (%)", [held[n]["tool_use"] for n in names]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.2), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(panels), figsize=(5 * len(panels), 3.2), squeeze=False)
     for ax, (label, figs) in zip(axes[0], panels, strict=True):
         rates = [f["rate"] * 100 for f in figs]
         err = [[r - f["ci95"][0] * 100 for f, r in zip(figs, rates, strict=True)],
@@ -153,29 +132,18 @@ def heldout_plot(held: dict[str, Any] | None, path: Path) -> Path | None:
         ax.bar(names, rates, yerr=err, capsize=6, color=["#999", "#4a7", "#37b"][: len(names)])
         ax.set_ylabel(label)
         ax.set_ylim(0, 105)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def sft_plot(metrics: list[dict[str, Any]], path: Path) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     if not metrics:
         return None
-    fig, ax = plt.subplots(figsize=(7, 3.0))
+    fig, ax = pyplot().subplots(figsize=(7, 3.0))
     ax.plot([m["step"] for m in metrics], [m["loss"] for m in metrics], "o-")
     ax.set_xlabel("SFT step")
     ax.set_ylabel("loss on assistant tokens")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def evaltable(comparison: dict[str, Any] | None) -> str:

@@ -6,10 +6,18 @@ An env is a `protocols.Env`: `problems(split)` (deterministic, train and test di
 An episode holds one `TurnSample` per assistant turn (prompt ids, completion ids, behaviour
 log-probs) plus its reward, reward terms and the policy version that produced it.
 
+A single-turn env measures a reply once (`measure`: the answer's value, the sandbox's test run,
+what an edit does to the file) and scores it through the reward rubric
+(`etude.rewards.score_reply`): its terms (`rubric`) read the reply and the measurement, and the
+reward is their weighted sum under `[env.rewards] weights`, merged over the env's `weights`. A
+weight naming no term of the env is refused.
+
 Families:
-- `arith`: single-turn arithmetic with a verifiable integer answer (no sandbox).
+- `arith`: single-turn arithmetic with a verifiable integer answer (no sandbox). Terms `correct`
+  (weight 1) and `format` (0.1).
 - `pyfunc`: single-turn "write this Python function"; the answer is run against hidden tests in
-  the real sandbox (bubblewrap). Reward = fraction of tests passed, resolved = all passed.
+  the real sandbox (bubblewrap). Terms `tests` (fraction of tests passed, weight 1) and `format`
+  (a fenced block, weight 0: reported, not counted); resolved = all passed.
 - `tasks`: multi-turn repository tasks through the harness and the sandbox
   (`etude.envs.TasksEnv`: `run_episode` + `etude.rewards.score`).
 - `fix`: the edit turn of a repository task (`FixTurnEnv`, `etude.envs.fixturn`): a fix drill's
@@ -32,9 +40,10 @@ import random
 import re
 import secrets
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from etude.envs import fixturn
@@ -42,22 +51,44 @@ from etude.envs.tasks_env import TasksEnv, load_task_spec
 from etude.errors import EtudeError
 from etude.harness import HarnessConfig
 from etude.protocols import Env
+from etude.rewards import RewardConfig, Rubric, make_rubric, score_reply
 from etude.sandbox import SandboxConfig, run
 from etude.types import Episode, Message, Problem, TurnSample
 
 
 class SingleTurnEnv:
-    """Base for one-prompt-one-answer families: subclasses give problems and `check`."""
+    """Base for one-prompt-one-answer families: subclasses give problems, `measure`, `resolved`, a
+    `rubric` of terms over (`reply`, `measured`) and their default `weights`."""
 
     name = "single"
     workers = 1  # threads for `check` (sandboxed checks run in parallel)
+    rubric: Rubric = make_rubric({})
+    weights: Mapping[str, float] = MappingProxyType({})
+
+    def _reward_config(self, rewards: dict[str, Any] | None) -> RewardConfig:
+        """`[env.rewards]` over this env's default weights; a weight for no term of it is an error."""
+        cfg = RewardConfig.from_dict(dict(rewards or {}), "env.rewards", weights=dict(self.weights))
+        unknown = sorted(set(cfg.weights) - set(self.rubric))
+        if unknown:
+            raise EtudeError(f"env.rewards.weights: {', '.join(unknown)} is no term of env {self.name} "
+                             f"(its terms: {', '.join(self.rubric)})")
+        return cfg
 
     def problems(self, split: str) -> list[Problem]:
         raise NotImplementedError
 
-    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
-        """(reward, terms, resolved) of one answer."""
+    def measure(self, problem: Problem, text: str) -> dict[str, Any]:
+        """What the rubric's terms read of one answer, measured once (`measured`)."""
         raise NotImplementedError
+
+    def resolved(self, measured: dict[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+        """(reward, terms, resolved) of one answer: the rubric's weighted terms."""
+        measured = self.measure(problem, text)
+        br = score_reply(text, measured, self.reward_config, rubric=self.rubric)
+        return br.total, dict(br.terms), self.resolved(measured)
 
     def rollout(self, policy: Any, problems: Sequence[Problem], *, n: int, max_tokens: int, temperature: float,
                 top_p: float = 1.0, seed: int | None = None) -> list[Episode]:
@@ -73,15 +104,35 @@ class SingleTurnEnv:
         ]
 
 
+def _correct(measured: dict[str, Any]) -> float:
+    return float(measured["correct"])
+
+
+def _only_a_number(reply: str) -> float:
+    return float(bool(re.fullmatch(r"\s*-?\d+\s*\.?\s*", reply)))
+
+
+def _tests(measured: dict[str, Any]) -> float:
+    return float(measured["tests"])
+
+
+def _fenced(reply: str) -> float:
+    return float(extract_code(reply)[1])
+
+
 class ArithEnv(SingleTurnEnv):
     """"What is a + b?" with a,b in [10, max_operand]; reward 1 when the last integer of the
     answer is right, plus a small format term (answer is only the number)."""
 
     name = "arith"
+    rubric = make_rubric({"correct": _correct, "format": _only_a_number})
+    weights = MappingProxyType({"correct": 1.0, "format": 0.1})
 
-    def __init__(self, num_train: int = 256, num_test: int = 64, seed: int = 0, max_operand: int = 99):
+    def __init__(self, num_train: int = 256, num_test: int = 64, seed: int = 0, max_operand: int = 99,
+                 rewards: dict[str, Any] | None = None):
         self.num = {"train": num_train, "test": num_test}
         self.seed, self.hi = seed, max_operand
+        self.reward_config = self._reward_config(rewards)
 
     def problems(self, split: str) -> list[Problem]:
         if split not in self.num:
@@ -102,13 +153,13 @@ class ArithEnv(SingleTurnEnv):
         q = f"What is {a} + {b}? Reply with only the number."
         return Problem(f"arith-{split}-{i}", "arith", (Message("user", q),), a + b)
 
-    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+    def measure(self, problem: Problem, text: str) -> dict[str, Any]:
         # I read the last integer: models often restate the question ("49 + 22 = 71").
         nums = re.findall(r"-?\d+", text.replace(",", ""))
-        got = int(nums[-1]) if nums else None
-        correct = got == problem.answer
-        fmt = bool(re.fullmatch(r"\s*-?\d+\s*\.?\s*", text))
-        return float(correct) + 0.1 * float(fmt), {"correct": float(correct), "format": float(fmt)}, correct
+        return {"correct": (int(nums[-1]) if nums else None) == problem.answer}
+
+    def resolved(self, measured: dict[str, Any]) -> bool:
+        return measured["correct"]
 
 
 # (name, signature line, description, [(args, expected)]); the first ones are for training.
@@ -152,11 +203,14 @@ class PyFuncEnv(SingleTurnEnv):
 
     name = "pyfunc"
     workers = 2
+    rubric = make_rubric({"tests": _tests, "format": _fenced})
+    weights = MappingProxyType({"tests": 1.0, "format": 0.0})
 
-    def __init__(self, num_test: int = 4, seed: int = 0):
+    def __init__(self, num_test: int = 4, seed: int = 0, rewards: dict[str, Any] | None = None):
         self.n_test = max(1, min(num_test, len(PYFUNCS) - 1))
         self.seed = seed
         self._sandbox_cfg: Any = None
+        self.reward_config = self._reward_config(rewards)
 
     def problems(self, split: str) -> list[Problem]:
         if split not in ("train", "test"):
@@ -170,9 +224,9 @@ class PyFuncEnv(SingleTurnEnv):
         q = f"Write a Python function `{sig}` that {desc}. Reply with only the code in a ```python block."
         return Problem(f"pyfunc-{split}-{name}", "pyfunc", (Message("user", q),), (name, cases))
 
-    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+    def measure(self, problem: Problem, text: str) -> dict[str, Any]:
         name, cases = problem.answer
-        code, fenced = extract_code(text)
+        code, _ = extract_code(text)
         if self._sandbox_cfg is None:
             self._sandbox_cfg = SandboxConfig(timeout_s=10, memory_mb=512)
         nonce = secrets.token_hex(8)
@@ -181,8 +235,10 @@ class PyFuncEnv(SingleTurnEnv):
             Path(ws, "check.py").write_text(_CHECKER.format(cases=cases, name=name))
             res = run(["python", "-I", "check.py"], workspace=Path(ws), config=self._sandbox_cfg, stdin=nonce + "\n")
         m = re.search(rf"^ETUDE {nonce} (\d+) (\d+)$", res.stdout, re.M)
-        frac = int(m.group(1)) / int(m.group(2)) if m else 0.0
-        return frac, {"tests": frac, "format": float(fenced)}, frac == 1.0
+        return {"tests": int(m.group(1)) / int(m.group(2)) if m else 0.0}
+
+    def resolved(self, measured: dict[str, Any]) -> bool:
+        return measured["tests"] == 1.0
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -225,19 +281,23 @@ class EpisodesEnv:
 
 class FixTurnEnv(SingleTurnEnv):
     """The edit turn of fix drills (`etude.envs.fixturn`): the conversation up to a drill's edit
-    turn is the prompt, and the reply is scored by what its edit does to the file (1.0 the gold
-    file, 0.3 an edit of the buggy line, 0.1 an edit elsewhere, -0.2 unparsable)."""
+    turn is the prompt, and the reply is scored by what its edit does to the file: the rubric's
+    terms are the tiers, 1 for the best one reached (weights 1.0 the gold file, 0.3 an edit of the
+    buggy line, 0.1 an edit elsewhere, 0 well-formed calls, -0.2 unparsable)."""
 
     name = "fix"
     workers = 4
+    rubric = fixturn.FIX_RUBRIC
+    weights = fixturn.REWARDS
 
     def __init__(self, tasks_file: str | None = None, eval_tasks_file: str | None = None, num_train: int = 256,
-                 num_test: int = 64, harness: dict[str, Any] | None = None):
+                 num_test: int = 64, harness: dict[str, Any] | None = None, rewards: dict[str, Any] | None = None):
         if not tasks_file:
             raise EtudeError("env fix needs tasks_file (a JSONL of tasks, or builtin:curriculum:train)")
         self.specs = {"train": (tasks_file, num_train),
                       "test": (eval_tasks_file or "builtin:curriculum:validation", num_test)}
         self.hc = HarnessConfig.from_table(dict(harness or {}), "[env.harness]")  # a bad key fails now
+        self.reward_config = self._reward_config(rewards)
         self._problems: dict[str, list[Problem]] = {}
 
     def problems(self, split: str) -> list[Problem]:
@@ -254,10 +314,12 @@ class FixTurnEnv(SingleTurnEnv):
                 for it in items]
         return self._problems[split]
 
-    def check(self, problem: Problem, text: str) -> tuple[float, dict[str, float | None], bool]:
+    def measure(self, problem: Problem, text: str) -> dict[str, Any]:
         a = problem.answer
-        s = fixturn.score_edit(text, a["src"], a["gold"], a["path"], a["bug_line"])
-        return fixturn.edit_reward(s), {k: float(v) for k, v in s.items()}, s["right_fix"]
+        return fixturn.score_edit(text, a["src"], a["gold"], a["path"], a["bug_line"])
+
+    def resolved(self, measured: dict[str, Any]) -> bool:
+        return measured["right_fix"]
 
 
 ENVS = {"arith": ArithEnv, "pyfunc": PyFuncEnv, "tasks": TasksEnv, "episodes": EpisodesEnv, "fix": FixTurnEnv}

@@ -7,16 +7,21 @@ problem is a fix drill's conversation (`etude.envs.sources.drill_trajectories`: 
 function, read it window by window, all through the real harness and tools) up to the edit
 turn; the policy writes that turn and is scored by what the edit would do to the file:
 
-  reward  1.0   the edit gives the gold file (compared as Python ASTs, so layout aside)
-          0.3   an edit that applies (old_str occurs once) and holds the buggy line, wrong fix
-          0.1   an edit that applies elsewhere
-          0.0   well-formed calls, no edit that applies
-         -0.2   a reply that does not parse as tool calls (the broken-call penalty)
+  right_fix     1.0   the edit gives the gold file (compared as Python ASTs, so layout aside)
+  on_bug_line   0.3   an edit that applies (old_str occurs once) and holds the buggy line, wrong fix
+  edits         0.1   an edit that applies elsewhere
+  well_formed   0.0   well-formed calls, no edit that applies
+  malformed    -0.2   a reply that does not parse as tool calls (the broken-call penalty)
 
-The terms (`well_formed`, `edits`, `on_bug_line`, `right_fix`) are the probe's figures, so a
-training curve and the probe read the same way. An episode is one turn, so a step costs one
-prompt of ~1.5k tokens per sample instead of a whole episode; nothing runs the tests (the gold
-hunk is the reference, and the AST comparison cannot be gamed by the reply).
+`score_edit` gives the probe's figures (`well_formed`, `edits`, `on_bug_line`, `right_fix`, each
+true or false on its own: a right fix also edits). The env scores them through the reward rubric
+(`FIX_RUBRIC`): one term per tier above, 1 for the best tier the reply reached and 0 for the
+others, weighted by `REWARDS` (the defaults; `[env.rewards] weights` changes them), so the reward
+is the weight of the best tier. In a training run's metrics, `reward/right_fix` is then the
+probe's right-fix rate; `reward/edits` + `reward/on_bug_line` + `reward/right_fix` is the share of
+edits that apply. An episode is one turn, so a step costs one prompt of ~1.5k tokens per sample
+instead of a whole episode; nothing runs the tests (the gold hunk is the reference, and the AST
+comparison cannot be gamed by the reply).
 
 Problems come from `tasks_file` (train) and `eval_tasks_file` (test), each a JSONL or
 `builtin:curriculum:SPLIT[:LEVEL]`. Drills are cached under the etude cache, keyed by the
@@ -33,19 +38,23 @@ import ast
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from etude import paths
 from etude.envs.expert import gold_hunk, unique_old_str
 from etude.envs.sources import drill_trajectories
 from etude.harness import HarnessConfig
+from etude.rewards import Rubric, make_rubric
+from etude.rewards.terms import TermFn
 from etude.tasks.repo import prepare_repo
 from etude.toolcalls import parse_hermes
 from etude.types import Task
 
-REWARDS = {"right_fix": 1.0, "on_bug_line": 0.3, "edits": 0.1, "well_formed": 0.0, "malformed": -0.2}
+TIERS = ("right_fix", "on_bug_line", "edits", "well_formed", "malformed")  # best first
+REWARDS = MappingProxyType(dict(zip(TIERS, (1.0, 0.3, 0.1, 0.0, -0.2), strict=True)))  # the default weights
 
 
 def _ast(src: str) -> str | None:
@@ -73,12 +82,20 @@ def score_edit(reply: str, src: str, gold_src: str, path: str, bug_line: str) ->
     return out
 
 
-def edit_reward(s: dict[str, bool]) -> float:
-    """The reward of a `score_edit` result: the best tier it reached."""
-    for key in ("right_fix", "on_bug_line", "edits", "well_formed"):
-        if s[key]:
-            return REWARDS[key]
-    return REWARDS["malformed"]
+def best_tier(s: Mapping[str, bool]) -> str:
+    """The best of TIERS a `score_edit` result reached."""
+    return next((tier for tier in TIERS[:-1] if s[tier]), "malformed")
+
+
+def _tier_term(tier: str) -> TermFn:
+    def term(measured: Mapping[str, bool]) -> float:
+        return float(best_tier(measured) == tier)
+    term.__name__ = tier
+    return term
+
+
+FIX_RUBRIC: Rubric = make_rubric({tier: _tier_term(tier) for tier in TIERS})
+"""The fix env's rubric over a `score_edit` result (`measured`): 1 for the best tier, 0 for the others."""
 
 
 def drill_cache(hc: HarnessConfig) -> Path:

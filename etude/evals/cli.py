@@ -9,13 +9,14 @@ JSON and exits 1 when the gate fails, so a script can use it as a gate directly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from etude.configfile import read_toml
+from etude.configfile import given_flags, read_toml
 from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
 from etude.evals.compare import CompareConfig, _default_margins, compare
@@ -44,6 +45,7 @@ def eval_cmd(
     backend: Annotated[str, typer.Option("--backend", help="Engine of a local model: hf or vllm (`make setup-vllm`).")] = "hf",
     report: Annotated[bool, typer.Option(help="Write report.html.")] = True,
     agent_config: Annotated[Path | None, typer.Option("--agent-config", help="A TOML whose \\[harness] table sets the agent (e.g. configs/agent_sft.toml): evaluate with the harness a model was trained with.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A TOML of EvalConfig fields (\\[harness] and \\[reward] tables for theirs; docs/evals.md); the flags given here override it.")] = None,
 ) -> None:
     """Run a model on a suite in sandboxes; write results.jsonl, summary.json and report.html."""
     if ctx.invoked_subcommand is not None:
@@ -51,15 +53,15 @@ def eval_cmd(
     missing = [n for n, v in (("--suite", suite), ("--model", model), ("--out", out)) if not v]
     if missing:
         raise EtudeError(f"etude eval needs {', '.join(missing)} (or a subcommand: compare, report)")
-    harness = None
+    flags = {"workers": workers, "executor": executor, "ray_address": ray_address, "samples": samples,
+             "max_tasks": max_tasks, "max_steps": max_steps, "model_name": model_name, "backend": backend,
+             "report": report}
+    cfg = EvalConfig.from_toml(config, given_flags(ctx, flags)) if config is not None else EvalConfig(**flags)
     if agent_config is not None:
         table = read_toml(agent_config, "agent config").get("harness") or {}
-        harness = HarnessConfig.from_table(table, f"[harness] in {agent_config}")
-    if ray_address and executor != "ray":
+        cfg = dataclasses.replace(cfg, harness=HarnessConfig.from_table(table, f"[harness] in {agent_config}"))
+    if cfg.ray_address and cfg.executor != "ray":
         raise EtudeError("--ray-address needs --executor ray")
-    cfg = EvalConfig(workers=workers, executor=executor, ray_address=ray_address, samples=samples, max_tasks=max_tasks,
-                     max_steps=max_steps, model_name=model_name, backend=backend, report=report,
-                     harness=harness)  # fmt: skip
     print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
 
 

@@ -1,11 +1,16 @@
-"""`EvalConfig`: every knob of `etude eval`, documented where it is declared."""
+"""`EvalConfig`: every knob of `etude eval`, documented where it is declared, and its TOML
+loader (`etude eval --config FILE.toml`): top-level keys are EvalConfig's fields, a `[harness]`
+table gives HarnessConfig's and a `[reward]` table RewardConfig's; keys and types are checked by
+etude.configfile (an unknown key or a wrong type is one error naming the file)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from etude.configfile import build, load_with
 from etude.errors import EtudeError
 from etude.harness import HarnessConfig
 from etude.rewards import RewardConfig
@@ -84,6 +89,25 @@ class EvalConfig:
 
     def reward_config(self) -> Any:
         return self.reward or RewardConfig()
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EvalConfig:
+        """From a config table: `harness` and `reward` sub-tables become their components' configs."""
+        d = dict(d)
+        for key in ("harness", "reward"):
+            if key in d and not isinstance(d[key], dict):
+                raise EtudeError(f"[{key}] must be a table, not {type(d[key]).__name__} ({d[key]!r})")
+        if "harness" in d:
+            d["harness"] = build(HarnessConfig, d["harness"], "harness")
+        if "reward" in d:
+            d["reward"] = RewardConfig.from_dict(d["reward"], "reward")
+        return build(cls, d, "")
+
+    @classmethod
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> EvalConfig:
+        """From a TOML file, `overrides` (dotted keys, e.g. "harness.max_steps") applied on top;
+        errors name the file."""
+        return load_with(cls.from_dict, path, "eval config", overrides=overrides)
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

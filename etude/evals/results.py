@@ -18,7 +18,17 @@ those values. Figure kinds:
 - `rate` {of, field}: k = Σ field (0/1), n, rate = k/n, Wilson 95% interval (`ci_low`, `ci_high`).
 - `mean` {of, field}: n, mean, ci_low, ci_high (`stats.mean_ci`: Wilson for 0/1 values, else the
   seeded percentile bootstrap).
-- `ratio` {num, den, field, stat: "mean"|"median"}: value = stat(num) / stat(den), with both.
+- `quantile` {of, field, q}: n, value = the q-quantile of the field (`stats.quantile`: linear
+  between order statistics; q = 0.5 is the median, 0.95 the p95).
+- `ratio` {num, den, field, stat}: value = stat(num) / stat(den), with both (`num_value`,
+  `den_value`); stat is "mean" (default), "median", "pNN" (the NN-th percentile, e.g. "p95") or
+  "rate" (events per unit of `field` = len(values) / max(values), for records that each hold when
+  their event ended since a common start: a load phase's requests per second, bench/serve.py);
+  `den_field` (optional) reads the denominator from another field of the records (two rules'
+  rejection rates on the same simulated experiments).
+  A speed result puts the peer's figure beside ours this way: both medians and their ratio.
+- `difference` {a, b, field, stat}: value = stat(b) − stat(a), with both (`a_value`, `b_value`),
+  stat as for `ratio` (e.g. the sandbox's start-up overhead: median sandboxed − median bare).
 - `paired` {a, b, key, field}: 0/1 outcomes matched on `key` (each key once per arm, the same keys
   in both): n, a_k, b_k, a_rate, b_rate, gain = (b_k − a_k)/n, b_only, a_only, p (exact McNemar).
 - `noninferiority` {a, b, key, field, margin[, alpha]}: values averaged per `key` in each arm, then
@@ -54,7 +64,9 @@ LEGACY_DIR = "legacy"
 KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
     "rate": ({"of", "field"}, set(), {"k", "n", "rate", "ci_low", "ci_high"}),
     "mean": ({"of", "field"}, set(), {"n", "mean", "ci_low", "ci_high"}),
-    "ratio": ({"num", "den", "field"}, {"stat"}, {"n_num", "n_den", "num_value", "den_value", "value"}),
+    "quantile": ({"of", "field", "q"}, set(), {"n", "value"}),
+    "ratio": ({"num", "den", "field"}, {"stat", "den_field"}, {"n_num", "n_den", "num_value", "den_value", "value"}),
+    "difference": ({"a", "b", "field"}, {"stat"}, {"n_a", "n_b", "a_value", "b_value", "value"}),
     "paired": ({"a", "b", "key", "field"}, set(),
                {"n", "a_k", "b_k", "a_rate", "b_rate", "gain", "b_only", "a_only", "p"}),
     "noninferiority": ({"a", "b", "key", "field", "margin"}, {"alpha"},
@@ -62,6 +74,14 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
                         "power_at_margin", "n_for_power", "power_target"}),
 }
 COMMON = {"kind", "family", "comparisons", "p_holm"}
+
+
+def _rate(vals: Sequence[float]) -> float:
+    """Events per unit of time: how many, over the latest end (each value = when one event ended)."""
+    top = max(vals)
+    return len(vals) / top if top > 0 else math.nan
+
+
 
 
 class ResultError(ValueError):
@@ -115,6 +135,25 @@ def _pairs(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: s
     return [a[k] for k in keys], [b[k] for k in keys]
 
 
+def _stat_fn(stat: Any, name: str):
+    """mean, median or pNN (the NN-th percentile) of a list of values."""
+    if stat == "mean":
+        return statistics.mean
+    if stat == "median":
+        return statistics.median
+    if stat == "rate":
+        return _rate
+    if isinstance(stat, str) and stat.startswith("p"):
+        try:
+            pct = float(stat[1:])
+        except ValueError:
+            pct = -1.0
+        if 0 <= pct <= 100:
+            return lambda v: stats.quantile(v, pct / 100)
+    raise ResultError(f"figure {name}: stat must be mean, median, rate or pNN (a percentile, e.g. p95), "
+                      f"got {stat!r}")
+
+
 def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str = "?") -> dict[str, Any]:
     """The values of one figure spec, computed from the records (the spec keys are not returned)."""
     kind = fig.get("kind")
@@ -134,18 +173,28 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
             return {"k": k, "n": n, "rate": k / n, "ci_low": low, "ci_high": high}
         m = stats.mean_ci(vals)
         return {"n": m["n"], "mean": m["mean"], "ci_low": m["ci_low"], "ci_high": m["ci_high"]}
-    if kind == "ratio":
-        stat = fig.get("stat", "mean")
-        if stat not in ("mean", "median"):
-            raise ResultError(f"figure {name}: stat must be mean or median, got {stat!r}")
-        f = statistics.mean if stat == "mean" else statistics.median
-        num = _values(_select(records, fig["num"], name), fig["field"], name)
-        den = _values(_select(records, fig["den"], name), fig["field"], name)
-        if not num or not den:
+    if kind == "quantile":
+        vals = _values(_select(records, fig["of"], name), fig["field"], name)
+        if not vals:
+            raise ResultError(f"figure {name}: the selection {fig['of']} holds no records")
+        q = fig["q"]
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 <= q <= 1:
+            raise ResultError(f"figure {name}: q must be a number in [0, 1], got {q!r}")
+        return {"n": len(vals), "value": stats.quantile(vals, float(q))}
+    if kind in ("ratio", "difference"):
+        f = _stat_fn(fig.get("stat", "mean"), name)
+        one, two = ("num", "den") if kind == "ratio" else ("a", "b")
+        x = _values(_select(records, fig[one], name), fig["field"], name)
+        y = _values(_select(records, fig[two], name), fig.get("den_field", fig["field"]), name)
+        if not x or not y:
             raise ResultError(f"figure {name}: an empty selection")
-        nv, dv = f(num), f(den)
-        return {"n_num": len(num), "n_den": len(den), "num_value": nv, "den_value": dv,
-                "value": nv / dv if dv else math.nan}
+        if fig.get("stat") == "rate" and min(*x, *y) < 0:
+            raise ResultError(f"figure {name}: stat rate needs times since a common start (>= 0) in {fig['field']!r}")
+        xv, yv = f(x), f(y)
+        if kind == "difference":
+            return {"n_a": len(x), "n_b": len(y), "a_value": xv, "b_value": yv, "value": yv - xv}
+        return {"n_num": len(x), "n_den": len(y), "num_value": xv, "den_value": yv,
+                "value": xv / yv if yv else math.nan}
     if kind == "paired":
         av, bv = _pairs(fig, records, name, once=True)
         a, b = _binary(av, name), _binary(bv, name)

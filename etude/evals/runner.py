@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
 from etude.errors import EtudeError
@@ -39,6 +40,7 @@ from etude.evals.raypool import RayEpisodes
 from etude.evals.records import ResultsWriter, atomic_write, read_records
 from etude.evals.report import write_report
 from etude.evals.summary import summarise
+from etude.paths import dir_sha256
 from etude.policy import check_backend
 from etude.tasks import builtin_suite, load_tasks, save_tasks
 from etude.tasks.curriculum import builtin_curriculum
@@ -80,21 +82,16 @@ def suite_hash(tasks: Sequence[Task]) -> str:
     return h.hexdigest()[:16]
 
 
+def _weights(name: str) -> bool:
+    return PurePosixPath(name).suffix in (".safetensors", ".bin")
+
+
 def model_sha256(model: str) -> str | None:
     """sha256 of a local model directory's weight files (names and bytes), None for anything
     else (a registry name, an URL): a path alone does not say which weights it held, and a
     pipeline that rewrites OUT/merged must not resume an evaluation of the earlier weights."""
-    d = Path(model)
-    files = sorted(f for f in d.glob("*") if f.suffix in (".safetensors", ".bin")) if d.is_dir() else []
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()
+    # NOTE: no separator after the name: the digests already in run.json files were made so.
+    return dir_sha256(model, _weights, recursive=False, sep=b"")
 
 
 def manifest_model_sha256(out: str | Path) -> str | None:
@@ -103,9 +100,9 @@ def manifest_model_sha256(out: str | Path) -> str | None:
     return json.loads(path.read_text()).get("model_sha256") if path.is_file() else None
 
 
-def _manifest(out: Path, tasks: list[Task], model: str, cfg: EvalConfig) -> dict[str, Any]:
+def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg: EvalConfig) -> dict[str, Any]:
     """Write run.json, or check a resumed run matches the one already in `out`."""
-    new = {"model": model, "model_sha256": model_sha256(model), "suite_sha256": suite_hash(tasks),
+    new = {"model": model, "model_sha256": digest, "suite_sha256": suite_hash(tasks),
            "instance_ids": [t.instance_id for t in tasks], "samples": cfg.samples, "config": cfg.to_dict()}  # fmt: skip
     path = out / MANIFEST
     if path.is_file():
@@ -133,10 +130,13 @@ def _todo(tasks: list[Task], samples: int, done: dict, retry_errors: bool) -> li
 
 
 def run_eval(
-    suite: str | Path | Sequence[Task], model: str, out_dir: str | Path, config: EvalConfig | None = None
+    suite: str | Path | Sequence[Task], model: str, out_dir: str | Path, config: EvalConfig | None = None,
+    *, fresh_for_new_weights: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `model` (see etude.evals.models) on `suite`; returns the summary (also in
-    OUT/summary.json). Resumes a run already in `out_dir`."""
+    OUT/summary.json). Resumes a run already in `out_dir`; with `fresh_for_new_weights`, a folder
+    holding an evaluation of other weights (or no run.json) is deleted and run afresh instead (a
+    pipeline stage whose model directory was rewritten)."""
     cfg = config or EvalConfig()
     if cfg.backend != "hf":  # a missing engine is one line before the suite is prepared
         check_backend(cfg.backend)
@@ -144,10 +144,14 @@ def run_eval(
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise EtudeError(f"--out {out} exists and is not a folder")
+    digest = model_sha256(model)  # once: hashing a model's weights reads all of them
+    if fresh_for_new_weights and out.is_dir() and (
+            not (out / MANIFEST).is_file() or manifest_model_sha256(out) != digest):
+        shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     episodes = _executor(model, cfg, out)  # a bad spec or an unreachable cluster fails before anything is written
     try:
-        manifest = _manifest(out, tasks, model, cfg)
+        manifest = _manifest(out, tasks, model, digest, cfg)
         todo = _todo(tasks, cfg.samples, read_records(out / RESULTS), cfg.retry_errors)
         skipped = len(tasks) * cfg.samples - len(todo)
         _run_all(todo, episodes, ResultsWriter(out / RESULTS).append, cfg, skipped)

@@ -82,6 +82,21 @@ def mean_ci(values: Sequence[float], **kw: float | int) -> dict[str, float | int
     return {"mean": float(np.mean(x)), "ci_low": low, "ci_high": high, "n": len(x)}
 
 
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile (0 <= q <= 1) by linear interpolation between order statistics (numpy's
+    default, Hyndman-Fan type 7; q = 0.5 is the median), in plain Python so that a stored value
+    does not move with a library version."""
+    x = sorted(float(v) for v in values)
+    if not x:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    h = (len(x) - 1) * q
+    lo = math.floor(h)
+    hi = min(lo + 1, len(x) - 1)
+    return x[lo] + (h - lo) * (x[hi] - x[lo])
+
+
 def is_binary(values: Sequence[float]) -> bool:
     return all(v in (0.0, 1.0) for v in values)
 

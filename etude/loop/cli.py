@@ -26,6 +26,8 @@ def loop(
                                             "interactions only, gated on its held-out tasks, canaried to its users")] = None,
     allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="let users or the gate draw on sealed "
                                                    "test-split packages; the cycle is marked contaminated")] = False,
+    backend: Annotated[str | None, typer.Option("--backend", help="engine of the loop's server: hf or vllm (overrides "
+                                                "\\[server] backend; vllm needs `make setup-vllm`)")] = None,
 ) -> None:
     """Run one real-time RL cycle (resuming an unfinished one) and print its report as JSON."""
     if cycles < 1:
@@ -37,6 +39,8 @@ def loop(
         cfg = cfg.for_org(org)
     if allow_test_split:
         cfg = dataclasses.replace(cfg, allow_test_split=True)
+    if backend is not None:
+        cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend=backend))
     for _ in range(cycles):
         report = run_cycle(cfg, cycle_dir=cycle_dir, progress=not quiet)
         print(json.dumps(report.to_dict(), indent=1, default=str))

@@ -1,7 +1,7 @@
 """`LoopConfig`: every knob of `etude loop`, documented where it is declared, loaded from TOML.
 
 The TOML file has a `[loop]` table (top-level fields) and one table per section: `[traffic]`,
-`[distill]`, `[train]`, `[eval]`, `[canary]`, `[alarms]`. Unknown keys are an error, so a typo
+`[server]`, `[distill]`, `[train]`, `[eval]`, `[canary]`, `[alarms]`. Unknown keys are an error, so a typo
 never silently runs a cycle with a default.
 """
 
@@ -17,6 +17,7 @@ from etude.errors import EtudeError
 from etude.experiments.power import plan, tau_rel_for
 from etude.loop.metrics import METRICS
 from etude.loop.population import UserModel
+from etude.policy import BACKENDS
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,32 @@ class TrafficConfig:
             raise EtudeError("[traffic] kind = \"command\" needs a command")
         if min(self.users, self.sessions_per_user, self.max_tasks, self.max_steps, self.concurrency) < 1:
             raise EtudeError("[traffic] users, sessions_per_user, max_tasks, max_steps, concurrency must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    """`[server]`: the `etude serve` the loop starts for its traffic (etude.loop.server)."""
+
+    backend: str = "hf"
+    """engine: "hf" (transformers; the batcher generates up to `max_batch` requests together) or
+    "vllm" (one vLLM engine per base model that batches continuously: every request goes to it as
+    it arrives, no max_batch cap; a candidate's LoRA adapter is hot-loaded on its base's engine and
+    a full-weight candidate gets an engine of its own, both while the server runs). "vllm" needs
+    vLLM in the loop's Python (.venv-vllm, `make setup-vllm`): without it the cycle stops with one
+    line before anything is written. vLLM-CPU cannot run the "tiny" model (use smollm2)."""
+    max_batch: int = 16
+    """backend "hf": requests generated together at most (ServeConfig.max_batch)."""
+    startup_timeout_s: float = 900.0
+    """seconds to wait for the server's /health (a vLLM engine loads in ~30 s on an idle 2-core
+    machine, minutes on a busy one)."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise EtudeError(f"[server] backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.max_batch < 1:
+            raise EtudeError("[server] max_batch must be >= 1")
+        if self.startup_timeout_s <= 0:
+            raise EtudeError("[server] startup_timeout_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -281,6 +308,7 @@ class LoopConfig:
     default. 1 is faster on a busy shared machine: measured 12 s vs 33-42 s per tiny training
     step on 2 cores at load ~16 (torch's threads spin against other processes)."""
     traffic: TrafficConfig = field(default_factory=TrafficConfig)
+    server: ServerSection = field(default_factory=ServerSection)
     distill: DistillSection = field(default_factory=DistillSection)
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
@@ -342,7 +370,7 @@ class LoopConfig:
     def from_dict(cls, d: dict[str, Any]) -> LoopConfig:
         d = dict(d)
         top = dict(d.pop("loop", {}) or {})
-        sections = {"traffic": TrafficConfig, "distill": DistillSection, "train": TrainSection,
+        sections = {"traffic": TrafficConfig, "server": ServerSection, "distill": DistillSection, "train": TrainSection,
                     "eval": EvalSection, "canary": CanarySection, "alarms": AlarmSection, "users": UserModel}
         unknown = sorted(set(d) - set(sections) - {f.name for f in dataclasses.fields(cls)})
         if unknown:

@@ -61,6 +61,7 @@ from etude.loop.server import running_server
 from etude.loop.state import STAGES, CycleState
 from etude.loop.training import episodes_jsonl, export_merged, is_adapter, train_candidate
 from etude.loop.users import run_population
+from etude.policy.vllm_backend import require_vllm
 from etude.serve import registry
 from etude.serve.config import ServeConfig
 from etude.serve.run import ensure_model
@@ -140,6 +141,8 @@ def next_cycle_dir(root: Path) -> Path:
 def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffic: TrafficHook | None = None,
               progress: bool = True) -> CycleReport:
     """Run (or resume) one cycle; returns its report (also in `cycle_dir/report.json`)."""
+    if config.server.backend == "vllm":  # one line naming `make setup-vllm`, before anything is written
+        require_vllm("the loop's server backend vllm ([server] backend / --backend)")
     if config.specialise:
         check_org(config)  # before anything is written: a bad --org leaves no trace
     # the sealed test split (etude.tasks.seal): neither users' requests nor the gate come from it
@@ -219,9 +222,11 @@ class _Cycle:
 
     def server(self) -> str:
         if self._base_url is None:
+            srv = self.cfg.server
             h = self.stack.enter_context(running_server(
                 self.cfg.db_url(), model=self.cfg.model, threads=self.cfg.traffic.threads,
-                log_path=self.dir / "server.log"))
+                log_path=self.dir / "server.log", backend=srv.backend, max_batch=srv.max_batch,
+                startup_timeout_s=srv.startup_timeout_s))
             self._base_url = h.base_url
         return self._base_url
 

@@ -56,8 +56,8 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log.read_text()[-500:] if log and log.exists() else ""
-            raise EtudeError(f"etude serve exited with status {proc.returncode}: {tail.strip().splitlines()[-1:] }")
+            tail = log.read_text(errors="replace")[-2000:].strip().splitlines() if log and log.exists() else []
+            raise EtudeError(f"etude serve exited with status {proc.returncode}: {tail[-1] if tail else '(no log)'}")
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -67,17 +67,32 @@ def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path 
     raise EtudeError(f"etude serve did not become healthy within {timeout_s:.0f} s ({url})")
 
 
-@contextmanager
-def running_server(db: str, *, model: str = "tiny", name: str | None = None, port: int | None = None,
-                   threads: int | None = 1, log_path: str | Path | None = None,
-                   startup_timeout_s: float = 180.0, env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
-    """Run `etude serve --model MODEL --db DB` until the block exits (SIGTERM, then SIGKILL)."""
-    port = port or free_port()
+def serve_argv(db: str, port: int, *, model: str = "tiny", name: str | None = None, threads: int | None = 1,
+               backend: str = "hf", max_batch: int | None = None) -> list[str]:
+    """The command line of the loop's `etude serve` (this Python, so a loop run from .venv-vllm
+    serves from there too)."""
     argv = [sys.executable, "-m", "etude.cli", "serve", "--model", model, "--db", db, "--port", str(port)]
     if name:
         argv += ["--name", name]
     if threads:
         argv += ["--threads", str(threads)]
+    if backend != "hf":
+        argv += ["--backend", backend]
+    if max_batch is not None and backend == "hf":
+        argv += ["--max-batch", str(max_batch)]
+    return argv
+
+
+@contextmanager
+def running_server(db: str, *, model: str = "tiny", name: str | None = None, port: int | None = None,
+                   threads: int | None = 1, log_path: str | Path | None = None, backend: str = "hf",
+                   max_batch: int | None = None, startup_timeout_s: float = 180.0,
+                   env: dict[str, str] | None = None) -> Iterator[ServerHandle]:
+    """Run `etude serve --model MODEL --db DB [--backend vllm]` until the block exits (SIGTERM,
+    then SIGKILL). With backend "vllm" the server's engine batches continuously and loads new
+    checkpoints (an org's adapter, a candidate's weights) while it runs."""
+    port = port or free_port()
+    argv = serve_argv(db, port, model=model, name=name, threads=threads, backend=backend, max_batch=max_batch)
     log = Path(log_path) if log_path else None
     if log:
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,20 @@
-"""Paired comparison of two evaluations of the same tasks (base and a trained model): resolved
-with Wilson 95% intervals, exact McNemar p, gained and lost tasks, a one-sided exact test of harm,
-valid-call rate and tokens per episode, and the per-task records it was computed from."""
+"""Paired comparisons of evaluations of the same tasks (base and trained models): resolved with
+Wilson 95% intervals, exact McNemar p, gained and lost tasks, a one-sided exact test of harm,
+valid-call rate and tokens per episode, and the per-task records they were computed from.
+
+`paired_runs` is the one paired comparison of named runs (`b_vs_a` per pair); `outcome_table`
+(the demo's held-out table) and bench/agent_learning.py build on it; `paired_table` is
+`etude specialise`'s base-vs-adapter report."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from etude.evals.records import read_records, resolved_by_task
-from etude.evals.stats import discordant, mcnemar_exact, wilson_ci
+from etude.evals.records import paired_outcomes, read_records, resolved_by_task, tool_use_by_task
+from etude.evals.stats import discordant, mcnemar_exact, paired_summary, wilson_ci
 
 
 def harm_p(losses: int, gains: int) -> float:
@@ -46,6 +51,40 @@ def paired_table(base_run: Path, new_run: Path, names: tuple[str, str] = ("base"
                 "gained": gains, "lost": losses, "harm_p": harm_p(losses, gains),
                 "per_task": {i: {names[0]: a[i], names[1]: b[i]} for i in ids}})
     return out
+
+
+def paired_runs(runs: Mapping[str, Path], pairs: Sequence[tuple[str, str]],
+                only: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """For each pair (b, a) of run names whose runs are both given, `b_vs_a`: run b against run a
+    on the tasks both evaluated (and in `only`): the change in resolved rate, the tasks only b and
+    only a resolved, exact McNemar p (etude.evals.records.paired_outcomes)."""
+    return {f"{b}_vs_{a}": paired_outcomes(Path(runs[a]), Path(runs[b]), only) for b, a in pairs
+            if a in runs and b in runs}
+
+
+def outcome_table(runs: Mapping[str, Path], pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """On the tasks every run evaluated: per run name, resolved and `tool_use` (episodes with a
+    well-formed tool call), each with a Wilson 95% interval; per pair (b, a) of given runs,
+    `b_vs_a`: the paired change of both (`gain`, `mcnemar_p`, `tool_use_gain`, `tool_use_mcnemar_p`)."""
+    res = {n: resolved_by_task(Path(p)) for n, p in runs.items()}
+    use = {n: tool_use_by_task(Path(p)) for n, p in runs.items()}
+    ids = sorted(set.intersection(*(set(r) for r in res.values())))
+    table: dict[str, Any] = {}
+    for n, r in res.items():
+        k, u = sum(r[i] for i in ids), sum(use[n][i] for i in ids)
+        lo, hi = wilson_ci(k, len(ids))
+        table[n] = {"resolved": k, "tasks": len(ids), "rate": k / max(1, len(ids)), "ci95": [lo, hi],
+                    "tool_use": {"episodes": u, "rate": u / max(1, len(ids)), "ci95": list(wilson_ci(u, len(ids)))}}
+    resolved = paired_runs(runs, pairs, ids)
+    for b, a in pairs:
+        name = f"{b}_vs_{a}"
+        if name not in resolved:
+            continue
+        p = resolved[name]
+        q = paired_summary([use[a][i] for i in ids], [use[b][i] for i in ids])
+        table[name] = {"gain": p["gain_points"], "mcnemar_p": p["mcnemar_p"],
+                       "tool_use_gain": q["gain_points"], "tool_use_mcnemar_p": q["mcnemar_p"]}
+    return table
 
 
 def eval_records(runs: dict[str, Path]) -> list[dict[str, Any]]:

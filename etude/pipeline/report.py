@@ -64,13 +64,27 @@ def comparison_table(c: dict[str, Any], names: tuple[str, str] = ("base", "adapt
                 f"exact McNemar p = {c['mcnemar_p']:.3g}</p>")
 
 
-def rates_plot(r: dict[str, Any], path: Path) -> Path | None:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (no display here, and none wanted)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.4))
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out, write (PNG, 110 dpi, its folder made) and close `fig`; returns `path`."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def rates_plot(r: dict[str, Any], path: Path) -> Path | None:
+    fig, ax = pyplot().subplots(figsize=(7, 3.4))
     groups = [("held-out functions", r["heldout"]), ("general validation", r["general"])]
     for gi, (_label, c) in enumerate(groups):
         for ai, name in enumerate(("base", "adapter")):
@@ -82,11 +96,7 @@ def rates_plot(r: dict[str, Any], path: Path) -> Path | None:
     ax.set_xticks([0.5, 3.5], [f"{g[0]} (n={g[1]['tasks']})" for g in groups])
     ax.set_ylabel("resolved (Wilson 95%)")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def transcript(run: Path, task_id: str, limit: int = 900) -> str:

@@ -42,7 +42,7 @@ from rich.console import Console
 
 from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
-from etude.evals.runner import manifest_model_sha256, model_sha256, resolve_suite
+from etude.evals.runner import resolve_suite
 from etude.paths import home
 from etude.pipeline.compare import paired_table
 from etude.pipeline.report import write_specialise_report
@@ -396,13 +396,10 @@ class Specialise:
     def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
 
         h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0)
-        d = self.out / name
+        ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
         # this stage runs because its inputs changed: an evaluation left in its folder by another
         # model (OUT/merged is rewritten when another adapter is chosen) is not resumed
-        if d.is_dir() and (not (d / "run.json").is_file() or manifest_model_sha256(d) != model_sha256(model)):
-            shutil.rmtree(d)
-        ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
-        s = run_eval(suite, model, self.out / name, ecfg)
+        s = run_eval(suite, model, self.out / name, ecfg, fresh_for_new_weights=True)
         r = s["correctness"]["resolved_rate"]
         return {"dir": str(self.out / name), "resolved_rate": r["mean"]}, (
             f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks ({name})")

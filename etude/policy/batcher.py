@@ -17,6 +17,10 @@ first k tokens, so its log-probs stay valid behaviour log-probs.
 Policies with `encode_prompt` + `generate_ids` (LocalPolicy) are batched on token ids; any other
 `protocols.Policy` is called through `generate_batch` if it has one, else one `generate` per job.
 Not guaranteed: fairness beyond FIFO within a window; a batch in progress is never pre-empted.
+
+`EngineQueue` has the Batcher's interface for a policy that batches by itself (a
+`protocols.SubmitPolicy`, vLLM): each job goes to the engine the moment it is submitted, with no
+cap of its own, and returns when it alone is done.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from etude.protocols import (
     BatchPolicy,
     ModelPolicy,
     NativeToolsPolicy,
+    SubmitPolicy,
     TokenizerPolicy,
     TokenPolicy,
     native_tools,
@@ -62,9 +67,10 @@ class Job:
 
 @dataclass
 class BatchStats:
-    batches: int = 0
-    jobs: int = 0
-    max_batch_seen: int = 0
+    batches: int = 0  # generate calls (EngineQueue: the engine's steps)
+    jobs: int = 0  # requests answered
+    max_batch_seen: int = 0  # the most requests in one batch (EngineQueue: in flight at once)
+    seqs: int = 0  # requests summed over batches, so seqs / batches is the mean batch (Batcher: = jobs)
 
 
 class Batcher:
@@ -162,6 +168,7 @@ class Batcher:
         self._last_gen_s = time.perf_counter() - started
         self.stats.batches += 1
         self.stats.jobs += len(group)
+        self.stats.seqs += len(group)
         self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(group))
         for j, g in zip(group, gens, strict=True):
             j.meta.update(queue_s=started - j.enqueued, batch_size=len(group))
@@ -214,6 +221,83 @@ class Batcher:
         tok = self.policy.tokenizer if isinstance(self.policy, TokenizerPolicy) else None
         text = tok.decode(list(ids), skip_special_tokens=True) if tok is not None else g.text
         return dataclasses.replace(g, text=text, token_ids=ids, logprobs=g.logprobs[:max_tokens], finish_reason="length")
+
+
+class EngineQueue:
+    """The Batcher's interface (`submit`, `waiting`, `stats`, `close`) in front of a policy that
+    batches by itself (`protocols.SubmitPolicy`: a vLLM engine with continuous batching).
+
+    # NOTE: I do not batch in front of such an engine. vLLM adds each request to its running batch
+    # at its next step and returns it when it is done, up to its own max_num_seqs. A Batcher in
+    # front of it would cap the requests in flight at max_batch (at 64 sessions, 48 queue and the
+    # p50 latency quadruples), make every request of a batch wait for the longest one and newcomers
+    # wait for the whole batch, and run two checkpoints on one engine (production and an org's
+    # adapter during a canary) one batch after the other instead of together.
+
+    `waiting()` counts this checkpoint's requests in flight (handed over, not yet answered), which
+    the server's max_queue caps. A job's meta gets `batch_size` = that count when it was handed
+    over; there is no queue_s (vLLM queues internally), and no per-token hook (steps_visible is
+    False: a streamed answer comes whole at the end)."""
+
+    by_ids = True  # jobs carry prompt token ids (the server renders them with policy.encode_prompt)
+    steps_visible = False
+
+    def __init__(self, policy: SubmitPolicy):
+        self.policy = policy
+        self._jobs = 0
+        self._max_in_flight = 0
+        self._in_flight = 0
+        self._closed = False
+        self._cv = threading.Condition()
+
+    def waiting(self) -> int:
+        with self._cv:
+            return self._in_flight
+
+    def submit(self, job: Job) -> Future[Generation]:
+        if self._closed:
+            raise RuntimeError("this checkpoint was unloaded; retry the request")
+        with self._cv:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            job.meta["batch_size"] = self._in_flight
+        try:
+            inner = self.policy.submit_ids(job.prompt_ids, max_tokens=job.max_tokens, temperature=job.temperature,
+                                           top_p=job.top_p)
+        except BaseException:
+            self._done()
+            raise
+        inner.add_done_callback(lambda f: self._resolve(job, f))
+        return job.future
+
+    @property
+    def stats(self) -> BatchStats:
+        """This checkpoint's answered requests and most in flight; batches and seqs are the
+        engine's steps and requests per step (shared by every checkpoint on that engine)."""
+        eng = self.policy.engine_stats() if callable(getattr(self.policy, "engine_stats", None)) else {}
+        with self._cv:
+            return BatchStats(batches=int(eng.get("steps", 0)), jobs=self._jobs, max_batch_seen=self._max_in_flight,
+                              seqs=int(eng.get("seqs", 0)))
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Take no more jobs; wait (up to timeout_s) for those in flight to be answered."""
+        self._closed = True
+        with self._cv:
+            self._cv.wait_for(lambda: self._in_flight == 0, timeout=timeout_s)
+
+    def _resolve(self, job: Job, f: Future[Generation]) -> None:
+        self._done(answered=True)
+        err = f.exception()
+        if err is not None:
+            job.future.set_exception(err)
+        else:
+            job.future.set_result(f.result())
+
+    def _done(self, answered: bool = False) -> None:
+        with self._cv:
+            self._in_flight -= 1
+            self._jobs += answered
+            self._cv.notify_all()
 
 
 def _step_streamer(jobs: list[Job], stop_ids: set[int]) -> Any:

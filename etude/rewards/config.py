@@ -87,15 +87,22 @@ class RewardConfig:
     """a voided episode's total is min(total, this): a hack can never beat an honest failure."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "rewards") -> RewardConfig:
+    def from_dict(cls, d: dict[str, Any], where: str = "rewards", *,
+                  weights: dict[str, float] | None = None) -> RewardConfig:
         """Fields from a dict; `weights` and `flag_policy` are merged over the defaults. `where` names
-        the table in error messages (`env.rewards` in a training config)."""
+        the table in error messages (`env.rewards` in a training config). `weights`: the default
+        weights the table's merge over (a single-turn env's rubric); None: the episode rubric's."""
         kw = dict(d)
         for key in ("weights", "flag_policy"):
             if key in kw and not isinstance(kw[key], dict):
                 raise EtudeError(f"{where}.{key} must be a table, not {type(kw[key]).__name__} ({kw[key]!r})")
-        if "weights" in kw:
-            kw["weights"] = {**_default_weights(), **{k: float(v) for k, v in kw["weights"].items()}}
+        if "weights" in kw or weights is not None:
+            given = kw.get("weights", {})
+            bad = {k: v for k, v in given.items() if isinstance(v, bool) or not isinstance(v, (int, float))}
+            if bad:
+                raise EtudeError(f"{where}.weights values must be numbers, got {bad}")
+            base = _default_weights() if weights is None else dict(weights)
+            kw["weights"] = {**base, **{k: float(v) for k, v in given.items()}}
         if "flag_policy" in kw:
             bad = {k: v for k, v in kw["flag_policy"].items() if v not in ("void", "penalise", "ignore")}
             if bad:

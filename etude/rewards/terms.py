@@ -2,9 +2,11 @@
 
 A term is a pure function returning a float, or None when it does not apply to the episode
 (None is "not counted", never zero). It names the arguments it needs among `trajectory`, `task`,
-`outcome`, `config` and `patch`; `score` passes only those, and skips (None) a term whose
-required argument is missing — so `score_patch`, which has no trajectory, runs the same rubric.
-Terms are collected into a rubric explicitly (etude.rewards.rubric); nothing registers on import.
+`outcome`, `config` and `patch` (an episode), or `reply` and `measured` (a single-turn env's
+answer and what the env measured of it, `score_reply`); the scorer passes only those, and skips
+(None) a term whose required argument is missing — so `score_patch`, which has no trajectory, runs
+the same rubric. Terms are collected into a rubric explicitly (etude.rewards.rubric); nothing
+registers on import.
 
 Ranges: correctness, parallelism, efficiency and patch_similarity in [0, 1]; penalties in [-1, 0].
 """
@@ -23,7 +25,8 @@ from etude.rewards.diff import parse_diff
 from etude.types import Outcome, Task, ToolExecution, Trajectory
 
 TermFn = Callable[..., float | None]
-ARGS = ("trajectory", "task", "outcome", "config", "patch")
+ARGS = ("trajectory", "task", "outcome", "config", "patch", "reply", "measured")
+_NEEDED = ("trajectory", "patch", "reply", "measured")  # None: the term does not apply
 
 
 def check_term(name: str, fn: TermFn) -> None:
@@ -41,7 +44,7 @@ def call_term(fn: TermFn, available: dict[str, Any]) -> float | None:
     kwargs = {}
     for name, p in inspect.signature(fn).parameters.items():
         value = available.get(name)
-        required = p.default is inspect.Parameter.empty and name in ("trajectory", "patch")
+        required = p.default is inspect.Parameter.empty and name in _NEEDED
         if required and value is None:
             return None
         if name in available:

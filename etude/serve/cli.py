@@ -50,13 +50,15 @@ def _serve_command(app: typer.Typer) -> None:
         threads: int | None = typer.Option(None, "--threads", help="torch threads for generation (default: torch's)"),
         backend: str | None = typer.Option(None, "--backend", help="hf (transformers) or vllm (needs `make setup-vllm`)"),
         precision: str | None = typer.Option(None, "--precision", help="fp32, bf16, fp8 or mxfp8 (fp8/mxfp8: torchao on GPUs with FP8/MXFP8 tensor cores)"),
+        max_batch: int | None = typer.Option(None, "--max-batch", min=1, help="hf backend: requests generated together "
+                                             "at most (vllm batches continuously, without this cap)"),
         db: str | None = DB,
     ) -> None:
         """Serve an OpenAI-compatible API (chat completions, tools, streaming) with the auto router."""
         cfg = ServeConfig.from_toml(config) if config else ServeConfig()
         for key, val in (("model", model), ("name", name), ("host", host), ("port", port), ("db", db),
                          ("torch_threads", threads), ("backend", backend),
-                         ("precision", precision)):
+                         ("precision", precision), ("max_batch", max_batch)):
             if val is not None:
                 setattr(cfg, key, val)
         run_server(cfg)

@@ -36,13 +36,16 @@ class ServeConfig:
     default_temperature: float = 0.7
     default_top_p: float = 1.0
     max_batch: int = 16
-    """requests generated together in one batch, at most."""
+    """backend "hf": requests generated together in one batch, at most. The vllm backend has no
+    such cap: each request goes to the engine as it arrives and vLLM batches continuously (up to
+    its own max_num_seqs), see etude.policy.batcher.EngineQueue."""
     batch_wait_ms: float = 5.0
     """the batcher keeps collecting while requests arrive less than this apart..."""
     batch_max_wait_ms: float = 50.0
     """...but for no longer than this after the first one."""
     max_queue: int = 256
-    """requests waiting for one checkpoint's batcher, at most; more get 429 (retry later)."""
+    """requests waiting for one checkpoint's batcher (vllm backend: in flight on its engine), at
+    most; more get 429 (retry later)."""
     max_loaded: int = 3
     """checkpoints kept in memory at once (least recently used is unloaded)."""
     classify_followups: bool = True

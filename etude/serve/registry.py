@@ -30,7 +30,6 @@ route: promotion of another, rollback, set_state) stops the experiments that rou
 
 from __future__ import annotations
 
-import hashlib
 import math
 import secrets
 import shutil
@@ -42,6 +41,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from etude.errors import EtudeError, NotFound
+from etude.paths import dir_sha256
 from etude.store import schema as t
 from etude.store.sql import ORG_RE, SQLStore
 
@@ -94,6 +94,16 @@ def _scope(col: Any, org: str | None) -> Any:
     return col.is_(None) if org is None else col == org
 
 
+def _own_or_shared(store: SQLStore, table: sa.Table, where: Any, org: str | None) -> Any:
+    """The first row of `table` matching `where` in the org's own scope, else in the shared one."""
+    with store.read() as conn:
+        for scope in ([org] if org is not None else []) + [None]:
+            r = conn.execute(sa.select(table).where(where, _scope(table.c.org_id, scope))).first()
+            if r is not None:
+                return r
+    return None
+
+
 # -- checkpoints ----------------------------------------------------------------------------
 def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int = 0, org: str | None = None,
                         parent: str | None = None, state: str = "candidate",
@@ -130,15 +140,7 @@ def register_checkpoint(store: SQLStore, name: str, path: str, *, version: int =
 def adapter_digest(path: str | Path) -> str | None:
     """sha256 over the relative names and bytes of a LoRA adapter directory's files (one with
     peft's adapter_config.json), or None for anything else."""
-    d = Path(path)
-    if not (d / "adapter_config.json").is_file():
-        return None
-    h = hashlib.sha256()
-    for f in sorted(d.rglob("*")):
-        if f.is_file():
-            h.update(f.relative_to(d).as_posix().encode() + b"\0")
-            h.update(f.read_bytes())
-    return h.hexdigest()
+    return dir_sha256(path) if (Path(path) / "adapter_config.json").is_file() else None
 
 
 def check_files(cp: Checkpoint) -> None:
@@ -188,10 +190,7 @@ def register_adapter(store: SQLStore, org: str, adapter: str | Path, snapshots: 
 
 def get_checkpoint(store: SQLStore, name: str) -> Checkpoint:
     with store.read() as conn:
-        r = conn.execute(sa.select(t.checkpoints).where(t.checkpoints.c.name == name)).first()
-    if r is None:
-        raise NotFound(f"no checkpoint {name!r}")
-    return _ckpt(r)
+        return _ckpt(_get(conn, name))
 
 
 def list_checkpoints(store: SQLStore, org: str | None = None, *, include_retired: bool = True,
@@ -210,13 +209,8 @@ def list_checkpoints(store: SQLStore, org: str | None = None, *, include_retired
 
 def production(store: SQLStore, org: str | None) -> Checkpoint | None:
     """The org's own production checkpoint if it has one, else the shared one."""
-    c = t.checkpoints.c
-    with store.read() as conn:
-        for scope in ([org] if org is not None else []) + [None]:
-            r = conn.execute(sa.select(t.checkpoints).where(c.state == "production", _scope(c.org_id, scope))).first()
-            if r is not None:
-                return _ckpt(r)
-    return None
+    r = _own_or_shared(store, t.checkpoints, t.checkpoints.c.state == "production", org)
+    return None if r is None else _ckpt(r)
 
 
 def set_state(store: SQLStore, name: str, state: str, reason: str = "") -> Checkpoint:
@@ -364,13 +358,8 @@ def get_experiment(store: SQLStore, exp_id: str) -> Experiment:
 
 def active_experiment(store: SQLStore, org: str | None) -> Experiment | None:
     """The org's own active experiment if it has one, else the shared one."""
-    x = t.experiments.c
-    with store.read() as conn:
-        for scope in ([org] if org is not None else []) + [None]:
-            r = conn.execute(sa.select(t.experiments).where(x.status == "active", _scope(x.org_id, scope))).first()
-            if r is not None:
-                return _exp(r)
-    return None
+    r = _own_or_shared(store, t.experiments, t.experiments.c.status == "active", org)
+    return None if r is None else _exp(r)
 
 
 def stop_experiment(store: SQLStore, exp_id: str) -> Experiment:

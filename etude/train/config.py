@@ -45,7 +45,9 @@ class EnvConfig:
     max_steps, max_tokens_per_turn and temperature come from this config."""
     rewards: dict[str, Any] = field(default_factory=dict)
     """tasks: the episodes' `etude.rewards.RewardConfig` (`[env.rewards]`: weights, budgets, flag
-    policy; a key left out keeps its default), e.g. `weights.patch_similarity = 0.5`."""
+    policy; a key left out keeps its default), e.g. `weights.patch_similarity = 0.5`. arith, pyfunc,
+    fix: the weights of the env's own terms (e.g. `weights.on_bug_line = 0.5` for fix); a weight
+    naming no term of the env is an error."""
     episodes_file: str | None = None
     """episodes: JSONL of `etude.types.Episode.to_dict()` (sampled earlier, with their behaviour
     log-probs) replayed as the rollouts; the loop trains its candidate on distilled production

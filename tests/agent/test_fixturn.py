@@ -10,7 +10,9 @@ import json
 
 import pytest
 
-from etude.envs.fixturn import REWARDS, edit_reward, score_edit
+from etude.envs.families import FixTurnEnv
+from etude.envs.fixturn import REWARDS, TIERS, score_edit
+from etude.types import Problem
 from tests.agent import TINY_STEP, train_cli
 
 SRC = "def f(a, b):\n    if a < b:\n        return a\n    return b\n"
@@ -48,8 +50,9 @@ def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then
                _reply("        return a", "        return b"),
                '<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/m.py"}}\n</tool_call>',
                '<tool_call>\n{"name": "edit_file", "arguments": {"path": </tool_call>']
-    rewards = [edit_reward(_score(r)) for r in replies]
-    assert rewards == [REWARDS[k] for k in ("right_fix", "on_bug_line", "edits", "well_formed", "malformed")]
+    p = Problem("fix-t", "fix", (), {"src": SRC, "gold": GOLD, "path": "pkg/m.py", "bug_line": "    if a < b:"})
+    rewards = [FixTurnEnv(tasks_file="x.jsonl").check(p, r)[0] for r in replies]
+    assert rewards == [REWARDS[k] for k in TIERS]
     assert rewards == sorted(rewards, reverse=True) and len(set(rewards)) == 5
 
 
@@ -94,7 +97,7 @@ def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_p
             reward, terms, ok = env.check(p, _reply(gold_old, gold_new, a["path"]))
             assert (reward, ok, terms["right_fix"]) == (1.0, True, 1.0)
         assert env.check(p, "I think it is fixed.") == (REWARDS["malformed"], {
-            "well_formed": 0.0, "edits": 0.0, "on_bug_line": 0.0, "right_fix": 0.0}, False)
+            "right_fix": 0.0, "on_bug_line": 0.0, "edits": 0.0, "well_formed": 0.0, "malformed": 1.0}, False)
     recs = train_cli(tmp_path, TINY_STEP + 'eval_every = 1\nmicro_batch_tokens = 4096\n'
                      f'[env]\nname = "fix"\ntasks_file = "{f}"\neval_tasks_file = "{f}"\n[env.harness]\nmax_steps = 8\n')
     train = [x for x in recs if x["kind"] == "train"]

@@ -3,9 +3,11 @@ file or a file without provenance fails, naming the file and field; legacy/ is s
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from etude.evals.results import ResultError, write_result
@@ -132,3 +134,112 @@ def test_the_real_bench_results_verify(capsys):
     assert rc == 0, out
     assert f"skipped {len(list((results / 'legacy').rglob('*.json')))} legacy files" in out
     assert (results / "legacy" / "README.md").is_file()
+
+
+# a load phase of each of two servers: request i answered end_s seconds after the phase began
+LOAD = ([{"engine": "ours", "request": i, "end_s": e, "latency_s": lat} for i, (e, lat) in
+         enumerate([(1.0, 1.0), (2.0, 1.0), (2.5, 1.5), (4.0, 1.5)])]
+        + [{"engine": "raw", "request": i, "end_s": e, "latency_s": lat} for i, (e, lat) in
+           enumerate([(1.0, 1.0), (1.5, 0.5), (2.0, 1.0), (3.2, 1.2)])])
+LOAD_FIGURES = {"req_per_s": {"kind": "ratio", "stat": "rate", "field": "end_s", "num": {"engine": "ours"},
+                              "den": {"engine": "raw"}},
+                "p50": {"kind": "ratio", "stat": "median", "field": "latency_s", "num": {"engine": "ours"},
+                        "den": {"engine": "raw"}}}
+
+
+def test_a_rate_ratio_is_requests_over_the_last_end_and_a_tampered_record_fails(tmp_path, capsys):
+    path = tmp_path / "load.json"
+    write_result(path, LOAD_FIGURES, LOAD, provenance(argv=["bench/load.py"]))
+    fig = json.loads(path.read_text())["figures"]["req_per_s"]
+    assert (fig["num_value"], fig["den_value"]) == (4 / 4.0, 4 / 3.2)
+    assert fig["value"] == pytest.approx(3.2 / 4.0)
+    assert _run(tmp_path, capsys)[0] == 0
+    # one request of "ours" moved earlier, and the records' digest and count rewritten to match:
+    # only the recomputation catches it
+    rec = tmp_path / "load.records.jsonl"
+    rec.write_text(rec.read_text().replace('"end_s": 4.0', '"end_s": 3.0'))
+    _edit(path, lambda d: d["records"].update(sha256=hashlib.sha256(rec.read_bytes()).hexdigest()))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "figure req_per_s.value: stored 0.8" in out and "records.sha256" not in out
+
+
+def test_a_rate_needs_times_since_a_common_start():
+    bad = [*LOAD, {"engine": "raw", "request": 9, "end_s": -1.0, "latency_s": 1.0}]
+    with pytest.raises(ResultError, match="stat rate needs times"):
+        write_result("/nonexistent/x.json", LOAD_FIGURES, bad, provenance(argv=["x"]))
+    with pytest.raises(ResultError, match="stat must be mean, median, rate"):
+        write_result("/nonexistent/x.json", {"x": {**LOAD_FIGURES["p50"], "stat": "sum"}}, LOAD, provenance(argv=["x"]))
+
+
+# a speed result: ours and the peer timed in one run (seconds per trial)
+TIMES = {"ours": [0.010, 0.012, 0.011, 0.030, 0.009], "peer": [0.10, 0.12, 0.11, 0.13, 0.50]}
+SPEED_RECORDS = [{"measure": "create", "arm": arm, "trial": i, "seconds": s}
+                 for arm, xs in TIMES.items() for i, s in enumerate(xs)]
+SPEED_FIGURES = {
+    "ours_median": {"kind": "quantile", "of": {"arm": "ours"}, "field": "seconds", "q": 0.5},
+    "ours_p95": {"kind": "quantile", "of": {"arm": "ours"}, "field": "seconds", "q": 0.95},
+    "peer_over_ours": {"kind": "ratio", "num": {"arm": "peer"}, "den": {"arm": "ours"}, "field": "seconds",
+                       "stat": "median"},
+    "p95_peer_over_ours": {"kind": "ratio", "num": {"arm": "peer"}, "den": {"arm": "ours"}, "field": "seconds",
+                           "stat": "p95"},
+    "overhead": {"kind": "difference", "a": {"arm": "ours"}, "b": {"arm": "peer"}, "field": "seconds",
+                 "stat": "median"},
+}
+
+
+def _write_speed(d: Path) -> Path:
+    write_result(d / "speed.json", SPEED_FIGURES, SPEED_RECORDS, provenance(argv=["bench/speed.py"]))
+    return d / "speed.json"
+
+
+def _forge_records(path: Path, fn) -> None:
+    """Edit the records and update their digest and count too (a consistent forgery): only the
+    figures recomputed from them can then catch it."""
+    import hashlib
+
+    rec = path.with_name(path.name.removesuffix(".json") + ".records.jsonl")
+    rows = [json.loads(ln) for ln in rec.read_text().splitlines()]
+    fn(rows)
+    text = "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+    rec.write_text(text)
+    _edit(path, lambda d: d["records"].update(sha256=hashlib.sha256(text.encode()).hexdigest(), count=len(rows)))
+
+
+def test_speed_figures_give_both_medians_their_ratio_difference_and_percentiles(tmp_path, capsys):
+    figs = json.loads(_write_speed(tmp_path).read_text())["figures"]
+    assert figs["ours_median"]["value"] == pytest.approx(0.011) and figs["ours_median"]["n"] == 5
+    assert figs["ours_p95"]["value"] == pytest.approx(float(np.percentile(TIMES["ours"], 95)))
+    r = figs["peer_over_ours"]
+    assert (r["num_value"], r["den_value"], r["value"]) == pytest.approx((0.12, 0.011, 0.12 / 0.011))
+    assert figs["p95_peer_over_ours"]["value"] == pytest.approx(
+        np.percentile(TIMES["peer"], 95) / np.percentile(TIMES["ours"], 95))
+    assert figs["overhead"]["value"] == pytest.approx(0.12 - 0.011)
+    assert _run(tmp_path, capsys)[0] == 0
+
+
+@pytest.mark.parametrize(("figure", "field"), [
+    ("ours_median", "value"), ("ours_p95", "value"), ("peer_over_ours", "value"), ("p95_peer_over_ours", "value"),
+    ("overhead", "value"),
+])
+def test_a_tampered_speed_record_fails_the_figures_computed_from_it(tmp_path, capsys, figure, field):
+    path = _write_speed(tmp_path)
+
+    def faster(rows):  # ours made faster: its median and p95 move, and so does every ratio/difference
+        for r in rows:
+            if r["arm"] == "ours":
+                r["seconds"] /= 2
+
+    _forge_records(path, faster)
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "records.sha256" not in out
+    assert f"figure {figure}.{field}: stored" in out
+
+
+@pytest.mark.parametrize("bad", [{"stat": "p101"}, {"stat": "max"}, {"stat": "pxx"}])
+def test_an_unknown_stat_is_refused(tmp_path, bad):
+    with pytest.raises(ResultError, match="stat must be mean, median, rate or pNN"):
+        write_result(tmp_path / "x.json", {"r": {**SPEED_FIGURES["peer_over_ours"], **bad}}, SPEED_RECORDS,
+                     provenance(argv=["x"]))
+    with pytest.raises(ResultError, match="q must be a number"):
+        write_result(tmp_path / "x.json", {"q": {**SPEED_FIGURES["ours_p95"], "q": 95}}, SPEED_RECORDS,
+                     provenance(argv=["x"]))

@@ -73,10 +73,26 @@ def test_resume_refuses_the_same_path_holding_other_weights(tmp_path):
     out.mkdir()
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     tasks = [broken_task(tmp_path)]
-    _manifest(out, tasks, str(model), cfg)
+    _manifest(out, tasks, str(model), model_sha256(str(model)), cfg)
     assert manifest_model_sha256(out) == model_sha256(str(model)) is not None
-    _manifest(out, tasks, str(model), cfg)  # the same weights resume
+    _manifest(out, tasks, str(model), model_sha256(str(model)), cfg)  # the same weights resume
     (model / "model.safetensors").write_bytes(b"other weights")
     with pytest.raises(EtudeError, match="model_sha256"):
-        _manifest(out, tasks, str(model), cfg)
+        _manifest(out, tasks, str(model), model_sha256(str(model)), cfg)
     assert model_sha256("noop") is None  # not a directory: no digest, the name alone decides
+
+
+def test_fresh_for_new_weights_starts_over_a_folder_without_run_json_and_resumes_the_same_weights(tmp_path):
+    """A pipeline stage (Specialise.evaluate) asks run_eval to discard what another model left in
+    its folder; the weights are hashed once, in run_eval, for that check and run.json."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stale.txt").write_text("left by an interrupted evaluation of other weights")
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
+    with pytest.raises(EtudeError, match="every episode failed"):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True)
+    assert not (out / "stale.txt").exists() and (out / "run.json").is_file()
+    (out / "kept.txt").write_text("the same weights: resumed, not deleted")
+    with pytest.raises(EtudeError, match="every episode failed"):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True)
+    assert (out / "kept.txt").is_file() and len((out / "results.jsonl").read_text().splitlines()) == 2

@@ -2,9 +2,18 @@
 
 import math
 
+import numpy as np
 import pytest
 
-from etude.evals.stats import bootstrap_ci, mcnemar_exact, mean_ci, paired_test, pass_at_k, wilcoxon_p
+from etude.evals.stats import (
+    bootstrap_ci,
+    mcnemar_exact,
+    mean_ci,
+    paired_test,
+    pass_at_k,
+    quantile,
+    wilcoxon_p,
+)
 
 
 def test_pass_at_k_matches_the_closed_form():
@@ -101,3 +110,14 @@ def test_paired_summary_counts_discordant_tasks_and_tests_them():
     s = paired_summary([1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 1, 0])
     assert (s["tasks"], s["b_only"], s["a_only"]) == (6, 3, 1)
     assert s["gain_points"] == 2 / 6 and s["mcnemar_p"] == mcnemar_exact([1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 1, 0])
+
+
+def test_quantile_is_numpys_linear_percentile_and_refuses_bad_input():
+    xs = [3.0, 1.0, 7.5, 2.0, 10.0, 4.25]
+    for q in (0.0, 0.1, 0.5, 0.95, 1.0):
+        assert quantile(xs, q) == pytest.approx(float(np.percentile(xs, q * 100)))
+    assert quantile([5.0], 0.95) == 5.0
+    with pytest.raises(ValueError):
+        quantile([], 0.5)
+    with pytest.raises(ValueError):
+        quantile(xs, 1.5)

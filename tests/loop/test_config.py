@@ -29,6 +29,9 @@ def test_shipped_tiny_config_loads() -> None:
     ("[traffic]\nkind = \"command\"\n", "needs a command"),
     ("[traffic]\nexecutor = \"dask\"\n", "executor must be ray or threads, not 'dask'"),
     ("[alarms]\nrules = [{ metric = \"x\", colour = 1 }]\n", "unknown key(s) in [alarms.rules]: colour"),
+    ("[server]\nbackend = \"tensorrt\"\n", "[server] backend must be one of hf, vllm, not 'tensorrt'"),
+    ("[server]\nmax_batch = 0\n", "[server] max_batch must be >= 1"),
+    ("[server]\nbakend = \"vllm\"\n", "unknown key(s) in [server]: bakend"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "c.toml"
@@ -48,3 +51,16 @@ def test_cli_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(tmp_path / "none.toml")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "cannot read loop config" in missing.stderr
+
+
+def test_server_table_picks_the_loop_servers_engine(tmp_path: Path) -> None:
+    from etude.loop.server import serve_argv
+
+    p = tmp_path / "c.toml"
+    p.write_text('[loop]\nmodel = "smollm2"\n[server]\nbackend = "vllm"\n')
+    cfg = LoopConfig.from_toml(p)
+    assert (cfg.server.backend, cfg.for_org("acme").server.backend, LoopConfig().server.backend) == ("vllm", "vllm", "hf")
+    argv = serve_argv("sqlite:///x.db", 8001, model=cfg.model, backend=cfg.server.backend, max_batch=cfg.server.max_batch)
+    assert argv[argv.index("--backend") + 1] == "vllm" and "--max-batch" not in argv  # vLLM has no batcher cap
+    hf = serve_argv("sqlite:///x.db", 8001, max_batch=32)
+    assert "--backend" not in hf and hf[hf.index("--max-batch") + 1] == "32"

@@ -113,3 +113,20 @@ def test_retiring_a_checkpoint_stops_the_experiments_that_route_to_it(store):
     assert reg.get_experiment(store, "e").status == "stopped"
     r = Router(store)
     assert {r.resolve("acme", "auto", f"u{i}", None).checkpoint.name for i in range(20)} == {"v2"}
+
+
+def test_an_org_sees_its_own_production_and_experiment_else_the_shared_ones(store):
+    """production and active_experiment share one own-or-shared lookup (registry._own_or_shared)."""
+    store.ensure_org("acme")
+    store.ensure_org("globex")
+    reg.register_checkpoint(store, "shared", "tiny", state="production")
+    reg.register_checkpoint(store, "acme-1", "tiny", org="acme", version=1, state="production")
+    assert [reg.production(store, o).name for o in (None, "acme", "globex")] == ["shared", "acme-1", "shared"]
+    assert reg.active_experiment(store, "acme") is None
+    reg.register_checkpoint(store, "shared-2", "tiny", version=2)
+    reg.set_experiment(store, "shared-exp", [("control", "shared", 0.9), ("canary", "shared-2", 0.1)])
+    assert [reg.active_experiment(store, o).id for o in (None, "acme", "globex")] == ["shared-exp"] * 3
+    reg.register_checkpoint(store, "acme-2", "tiny", org="acme", version=2)
+    reg.set_experiment(store, "acme-exp", [("control", "acme-1", 0.9), ("canary", "acme-2", 0.1)], org="acme")
+    assert [reg.active_experiment(store, o).id for o in (None, "acme", "globex")] == ["shared-exp", "acme-exp",
+                                                                                        "shared-exp"]

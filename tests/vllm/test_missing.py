@@ -43,3 +43,21 @@ def test_unknown_backend_is_refused():
         TrainConfig(rollout_backend="tensorrt")
     with pytest.raises(EtudeError, match="use_ray"):
         TrainConfig(rollout_backend="vllm", use_ray=True)
+
+
+@pytest.mark.parametrize("how", ["flag", "table"])
+def test_loop_on_vllm_without_vllm_is_one_line_and_writes_nothing(tmp_path, how):
+    """`etude loop --backend vllm` (or `[server] backend = "vllm"`) where vLLM is missing: one
+    line naming `make setup-vllm`, exit 2, before a cycle directory or the store exists."""
+    cfg = tmp_path / "loop.toml"
+    cfg.write_text(f'[loop]\nroot = "{tmp_path / "runs"}"\nmodel = "smollm2"\n'
+                   + ('[server]\nbackend = "vllm"\n' if how == "table" else ""))
+    cmd = [sys.executable, "-m", "etude.cli", "loop", "--config", str(cfg), "--quiet"]
+    cmd += ["--backend", "vllm"] if how == "flag" else []
+    env = {**os.environ, "ETUDE_HOME": str(tmp_path / "home")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert "the loop's server backend vllm" in lines[0] and "make setup-vllm" in lines[0]
+    assert not (tmp_path / "runs").exists()
