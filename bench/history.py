@@ -14,7 +14,8 @@ mined in WORK is not mined again):
     python bench/history.py report --src /path/to/clones --work runs/history --install --manifest \
         [--oracle RUN]  # RUN: etude eval --model oracle of the mined tasks; what it cannot resolve is left out
     # 3. (optional, heavy) resolved rates: `etude eval --suite builtin:history` per model
-    python bench/history.py report --work runs/history --models base=PATH,warm=PATH,spec=PATH
+    python bench/history.py report --work runs/history --models base=smollm2,warm=PATH[,spec=PATH] \
+        [--agent-config configs/agent_sft.toml] [--backend auto] [--workers 16]  # run it in .venv-vllm
 
 Records (one per scanned commit): repo, commit, created_at, outcome ("kept" or the skip reason),
 kept (0/1), candidate (1 when the commit reached the build: trees exported and snapshotted), and
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from etude.evals.results import write_result
+from etude.pipeline.learning import EvalSetup, eval_harness, evaluate
+from etude.policy import resolve_backend
 from etude.provenance import provenance
 from etude.tasks.fetch import normalise
 from etude.tasks.history import CommitOutcome, HistoryConfig, mine_history, summary
@@ -194,13 +197,14 @@ def history_repo(src: Source, work: Path, drop: set[str] = frozenset()) -> Histo
                        src.extra_deps)  # fmt: skip
 
 
-def model_records(models: dict[str, str], work: Path) -> list[dict[str, Any]]:
-    """`etude eval --suite builtin:history --model M` for each model; one record per (model, task)."""
+def model_records(models: dict[str, str], work: Path, setup: EvalSetup) -> list[dict[str, Any]]:
+    """`etude eval --suite builtin:history` of each model, every one with the same harness and
+    engine (`setup`: the warm start's harness, greedy); one record per (model, task)."""
     out = []
     for arm, model in models.items():
         run = work / "eval" / arm
-        subprocess.run([sys.executable, "-m", "etude.cli", "eval", "--suite", "builtin:history", "--model", model,
-                        "--out", str(run)], check=True)  # fmt: skip
+        _, line = evaluate("builtin:history", model, run, setup)
+        print(f"{arm}: {line}")
         for r in _read_records(run / "results.jsonl"):
             repo = str(r.get("instance_id", "")).split("__", 1)[0]
             out.append(
@@ -243,8 +247,19 @@ def report(args: argparse.Namespace, started: float) -> None:
         r["validated"] = int("validate_s" in r)  # before any eval record joins
     if args.models:
         models = dict(kv.split("=", 1) for kv in args.models.split(","))
-        recs = model_records(models, work)
+        backend = resolve_backend(args.backend)
+        setup = EvalSetup(harness=eval_harness(args.agent_config), workers=args.workers, backend=backend)
+        recs = model_records(models, work, setup)
         records += recs
+        meta["evaluation"] = {"agent_config": args.agent_config, "temperature": 0.0, "backend": backend,
+                              "workers": args.workers, "models": models}
+        for arm in models:
+            figures[f"{arm}.resolved"] = {"kind": "rate", "of": {"kind": "eval", "arm": arm}, "field": "resolved"}
+        for arm in list(models)[1:]:  # each later model against the first, paired on the task
+            first = next(iter(models))
+            figures[f"{arm}_vs_{first}"] = {"kind": "paired", "a": {"kind": "eval", "arm": first},
+                                            "b": {"kind": "eval", "arm": arm}, "key": "task", "field": "resolved",
+                                            "family": "models"}  # fmt: skip
         for arm in models:
             for s in chosen:
                 if any(r.get("arm") == arm and r["repo"] == s.name for r in recs):
@@ -285,7 +300,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "history.json"), help="report: the result file.")
     ap.add_argument("--oracle", default="", help="report: etude eval runs (--model oracle) of the mined tasks, "
                     "comma-separated; a task the oracle does not resolve there is left out of the manifest.")
-    ap.add_argument("--models", default="", help="report: ARM=MODEL[,...] to evaluate on builtin:history.")
+    ap.add_argument("--models", default="", help="report: ARM=MODEL[,...] to evaluate on builtin:history "
+                    "(the first is the reference of the paired comparisons).")
+    ap.add_argument("--agent-config", default="configs/agent_sft.toml",
+                    help="report --models: the harness every model is evaluated with ([harness] table; greedy).")
+    ap.add_argument("--backend", default="auto", help="report --models: hf, vllm or auto.")
+    ap.add_argument("--workers", type=int, default=16, help="report --models: episodes in flight.")
     args = ap.parse_args()
     started = time.time()
     work = Path(args.work)
