@@ -7,8 +7,8 @@ the real agent client over HTTP, the real store, registry, eval gate, canary, re
 rule), one after another in one store, each canarying one candidate registered for org A:
 
 (c) "aa": an A/A cycle. The candidate is a copy of production registered under a new version: an
-    identity LoRA adapter on the shared production checkpoint (peft's initialisation, B = 0, so
-    its merged weights are production's, bit for bit). It must not promote.
+    identity LoRA adapter on the shared production checkpoint (peft's initialisation, B = 0: merging
+    it adds exactly zero to production's weights). It must not promote.
 (b) "degraded": an adapter that clarifies instead of editing: LoRA SFT (`etude.train.sft.run_sft`,
     its `production` source) of production on org A's own logged prompts from cycle (c)'s collect
     window, each completion replaced by one clarifying question (`CLARIFY`). It must be rolled
@@ -64,7 +64,8 @@ realtime.records.jsonl; a count is the `k` of a rate over the per-cycle records)
     python bench/realtime.py --quick      # tiny random model, the example org, smallest sizes
     python bench/realtime.py --adapter runs/bench_specialise/adapter --backend auto
 
-`--quick` trains its own specialised adapter first (`etude specialise` on the tiny model and
+`--quick` writes its realtime.json into the --out folder unless `--results` says otherwise. It
+trains its own specialised adapter first (`etude specialise` on the tiny model and
 etude/data/org_example, as `etude demo --quick` does) and uses configs/loop_tiny.toml with 4 users;
 it shows the machinery, not a model (a random model resolves nothing in either arm). The default
 uses configs/loop_demo.toml (SmolLM2-135M-Instruct's warm start as production: the base the
@@ -540,7 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="auto", help="engine of the confirmation: auto, hf or vllm (quick: hf)")
     ap.add_argument("--seed", type=int, default=None, help="default: the loop config's seed")
     ap.add_argument("--out", default=None, help="work folder (default runs/bench_realtime[_quick]); must be new or empty")
-    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--results", default=None, help="folder of realtime.json (default bench/results; with --quick "
+                    "the --out folder, so a quick run never stands in for the real result)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -622,7 +624,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     }
     prov = provenance(seeds={"loop": bench.seed, "identity_adapters": [bench.seed + 101, bench.seed + 202],
                              "clarifier_sft": bench.seed}, started=t0, stages=bench.times)
-    return write_result(Path(a.results) / "realtime.json", figures, recs, prov, meta=meta)
+    results = Path(a.results) if a.results else (out if a.quick else RESULTS)
+    return write_result(results / "realtime.json", figures, recs, prov, meta=meta)
 
 
 if __name__ == "__main__":
