@@ -6,8 +6,8 @@ any mismatch beyond rounding, naming the file, the field, the stored and the rec
 The convention (`etude.evals.results`, which bench scripts write through with `write_result`):
 - `<stem>.json` holds `provenance` (`etude.provenance.provenance`: commit, dirty flag, command,
   seeds, machine, times, stages), `records` ({"file": "<stem>.records.jsonl", "count", "sha256"}),
-  `figures` (each a spec — kind `rate`, `mean`, `quantile`, `ratio`, `difference`, `paired` or
-  `noninferiority`, and the records it is computed from — plus its values) and, optionally,
+  `figures` (each a spec — kind `rate`, `mean`, `quantile`, `ratio`, `difference`, `paired`,
+  `noninferiority` or `ab`, and the records it is computed from — plus its values) and, optionally,
   unverified `meta`.
 - `<stem>.records.jsonl` beside it: one flat JSON object per task (answer, step). Records are
   never embedded in the JSON.
@@ -16,7 +16,9 @@ The convention (`etude.evals.results`, which bench scripts write through with `w
 Rates are k/n with Wilson 95% intervals (`stats.wilson_ci`), paired 0/1 comparisons carry the gain
 and the exact McNemar p (`stats.mcnemar_exact`), non-inferiority the one-sided paired t; speed
 results give ours and the peer's median (or percentile) from the same run and their ratio or
-difference.
+difference; an A/B readout (`ab`) the relative lift of a per-user ratio metric with its
+delta-method interval and the mSPRT's always-valid p and interval
+(`etude.experiments.analysis.analyze_metric`).
 
 Every `*.json` under the folder (subfolders included) must follow it: a file without provenance or
 records fails, it does not pass silently. `legacy/` is skipped, explicitly and counted: it holds

@@ -34,6 +34,13 @@ those values. Figure kinds:
 - `noninferiority` {a, b, key, field, margin[, alpha]}: values averaged per `key` in each arm, then
   `stats.paired_noninferiority(a, b, margin)` (B no worse than A by more than margin): n, mean_a,
   mean_b, mean_diff, sd_diff, lower_bound, p, noninferior, power_at_margin, n_for_power.
+- `ab` {of, metric[, alpha, mde, power, weights]}: the A/B readout of one ratio metric over the
+  selected per-user rows (user_id, arm "control"|"treatment", metric, numerator, denominator, and
+  `ts` for the order of looks) — `etude.experiments.analysis.analyze_metric` under an `ABConfig` of
+  those settings: users_control, users_treatment, each arm's ratio (control, treatment), the
+  relative lift `delta` with its delta-method 95% interval (ci_low, ci_high) and z-test p_value,
+  and the mSPRT's always-valid msprt_p, msprt_ci_low, msprt_ci_high (None where an arm has too
+  few users).
 Any figure may carry `family` (a name): the figures of one family are comparisons on one held-out
 set; each then gets `comparisons` (how many) and `p_holm` (`stats.holm` over the family's p).
 
@@ -54,7 +61,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from etude.errors import EtudeError
 from etude.evals import stats
+from etude.experiments.analysis import ABConfig, analyze_metric
 
 RECORDS_SUFFIX = ".records.jsonl"
 MIN_DIGITS = 3  # a rounded float keeps at least this many significant digits
@@ -72,7 +81,11 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
     "noninferiority": ({"a", "b", "key", "field", "margin"}, {"alpha"},
                        {"test", "n", "mean_a", "mean_b", "mean_diff", "sd_diff", "lower_bound", "p", "noninferior",
                         "power_at_margin", "n_for_power", "power_target"}),
+    "ab": ({"of", "metric"}, {"alpha", "mde", "power", "weights"},
+           {"users_control", "users_treatment", "control", "treatment", "delta", "ci_low", "ci_high", "p_value",
+            "msprt_p", "msprt_ci_low", "msprt_ci_high"}),
 }
+AB_ROW = ("user_id", "arm", "metric", "numerator", "denominator")
 COMMON = {"kind", "family", "comparisons", "p_holm"}
 
 
@@ -202,10 +215,30 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
         n = len(a)
         return {"n": n, "a_k": sum(a), "b_k": sum(b), "a_rate": sum(a) / max(1, n), "b_rate": sum(b) / max(1, n),
                 "gain": s["gain_points"], "b_only": s["b_only"], "a_only": s["a_only"], "p": s["mcnemar_p"]}
+    if kind == "ab":
+        return _ab(fig, records, name)
     av, bv = _pairs(fig, records, name, once=False)
     ni = stats.paired_noninferiority(av, bv, float(fig["margin"]), alpha=float(fig.get("alpha", 0.05)))
     return {"mean_a": statistics.mean(av) if av else None, "mean_b": statistics.mean(bv) if bv else None,
             **{k: v for k, v in ni.items() if k not in ("margin", "alpha")}}
+
+
+def _ab(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    rows = _select(records, fig["of"], name)
+    if not rows:
+        raise ResultError(f"figure {name}: the selection {fig['of']} holds no records")
+    missing = next((k for r in rows for k in AB_ROW if k not in r), None)
+    if missing is not None:
+        raise ResultError(f"figure {name}: a selected record has no field {missing!r} (ab needs {', '.join(AB_ROW)})")
+    try:
+        cfg = ABConfig(alpha=float(fig.get("alpha", 0.05)), weights=tuple(fig.get("weights", (0.5, 0.5))),
+                       mde=fig.get("mde"), power=float(fig.get("power", 0.8)))
+        m = analyze_metric([dict(r) for r in rows], str(fig["metric"]), cfg)
+    except (EtudeError, TypeError, ValueError) as e:
+        raise ResultError(f"figure {name}: {e}") from None
+    return {"users_control": m["users"]["control"], "users_treatment": m["users"]["treatment"],
+            **{k: m.get(k) for k in ("control", "treatment", "delta", "ci_low", "ci_high", "p_value", "msprt_p",
+                                     "msprt_ci_low", "msprt_ci_high")}}
 
 
 def compute_figures(figures: Mapping[str, Mapping[str, Any]],

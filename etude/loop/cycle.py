@@ -200,7 +200,7 @@ class _Cycle:
         self.store = open_store(cfg.db_url())
         self.state = CycleState.load_or_create(cdir, index, cfg.to_dict())
         self._ensure_production()
-        self.traffic = traffic or _builtin_traffic
+        self.traffic = traffic or builtin_traffic
         self._key: str | None = None
         self._base_url: str | None = None
 
@@ -354,10 +354,7 @@ class _Cycle:
         self.state.finish("eval", verdict=short)
 
     def _eval_config(self) -> Any:
-        e = self.cfg.eval
-        return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=self.show,
-                          harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
-                                                temperature=self.cfg.traffic.temperature))
+        return gate_eval_config(self.cfg, progress=self.show)
 
     def stage_register(self) -> None:
         trained = self.state.stage("train")["outputs"]
@@ -465,6 +462,15 @@ class _Cycle:
                           production={"name": prod.name, "version": prod.version} if prod else None)
 
 
+def gate_eval_config(cfg: LoopConfig, *, progress: bool = False) -> EvalConfig:
+    """How the eval gate runs an episode (`[eval]`: workers, turns, tokens; sampled at the users'
+    temperature, one sample per task), for the gate and for anyone measuring the same way."""
+    e = cfg.eval
+    return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress,
+                      harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
+                                            temperature=cfg.traffic.temperature))
+
+
 def _stop_experiment(store: Any, exp_id: str | None) -> None:
     """After a promotion the control arm's checkpoint is retired: the experiment must stop."""
     if exp_id and registry.get_experiment(store, exp_id).status == "active":
@@ -472,7 +478,9 @@ def _stop_experiment(store: Any, exp_id: str | None) -> None:
 
 
 # -- traffic ----------------------------------------------------------------------------------
-def _builtin_traffic(ctx: TrafficContext) -> Any:
+def builtin_traffic(ctx: TrafficContext) -> Any:
+    """The traffic of `[traffic] kind` for one phase and round (what a cycle runs without a
+    `traffic=` hook; a hook may call it and add its own measurements around it)."""
     t = ctx.config.traffic
     if t.kind == "scripted":
         cfg = ctx.config

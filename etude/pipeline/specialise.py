@@ -442,14 +442,21 @@ class Specialise:
     # -- 8. register
     def register(self) -> tuple[dict[str, Any], str]:
 
-        store = open_store(self.cfg.db)
-        rep = json.loads((self.out / "report.json").read_text())
-        # an immutable snapshot named by its digest, at the org's next version (registry.register_adapter)
-        cp = registry.register_adapter(
-            store, self.cfg.org, self.out / "adapter", self.out / "adapters",
-            meta={"base": self.base, "kind": "specialised", "report": str(self.out / "report.json"),
-                  "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
+        cp = register_run(open_store(self.cfg.db), self.cfg.org, self.out)
         return {"name": cp.name, "state": cp.state, "version": cp.version, "path": cp.path}, f"registered {cp.name} as {self.cfg.org}'s candidate"
+
+
+def register_run(store: Any, org: str, run: Path, snapshots: Path | None = None) -> registry.Checkpoint:
+    """The adapter of a finished run (RUN/adapter, RUN/report.json) as ORG's candidate, as
+    `--register` does: an immutable snapshot named by its digest (under `snapshots`, default
+    RUN/adapters), at the org's next version (registry.register_adapter), with the base, the
+    report and its held-out measurement in meta (what `etude loop --org` plans and gates with)."""
+    run = Path(run)
+    rep = json.loads((run / "report.json").read_text())
+    return registry.register_adapter(
+        store, org, run / "adapter", snapshots or run / "adapters",
+        meta={"base": rep["base"], "kind": "specialised", "report": str(run / "report.json"),
+              "heldout": rep["heldout"], "no_regression": rep["general"]["no_regression"]})
 
 
 def _to_bf16(path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from etude.evals.results import ResultError, write_result
 from etude.evals.stats import mcnemar_exact, wilson_ci
+from etude.experiments.analysis import ABConfig, analyze_metric
 from etude.provenance import provenance
 from tests.bench import BENCH_DIR, load_bench
 
@@ -243,3 +244,37 @@ def test_an_unknown_stat_is_refused(tmp_path, bad):
     with pytest.raises(ResultError, match="q must be a number"):
         write_result(tmp_path / "x.json", {"q": {**SPEED_FIGURES["ours_p95"], "q": 95}}, SPEED_RECORDS,
                      provenance(argv=["x"]))
+
+
+def _ab_rows() -> list[dict]:
+    """Per-user rows of one canary metric: 12 users an arm, the treatment keeping more changes."""
+    rows = []
+    for i in range(24):
+        arm = "treatment" if i % 2 else "control"
+        kept = (i * 7) % 5 + (2 if arm == "treatment" else 0)
+        rows.append({"kind": "ab", "user_id": f"u{i}", "arm": arm, "metric": "accept_rate", "numerator": kept,
+                     "denominator": 8, "ts": 100.0 + i})
+    return rows
+
+
+def test_an_ab_figure_is_the_readout_recomputed_and_an_edited_lift_fails(tmp_path, capsys):
+    rows = _ab_rows()
+    fig = {"kind": "ab", "of": {"kind": "ab"}, "metric": "accept_rate", "alpha": 0.05, "weights": [0.5, 0.5], "mde": 0.2}
+    path = tmp_path / "ab.json"
+    write_result(path, {"lift": fig}, rows, provenance(argv=["bench/probe.py"]))
+    got = json.loads(path.read_text())["figures"]["lift"]
+    want = analyze_metric(rows, "accept_rate", ABConfig(alpha=0.05, weights=(0.5, 0.5), mde=0.2))
+    assert (got["users_control"], got["users_treatment"]) == (12, 12)
+    for k in ("control", "treatment", "delta", "ci_low", "ci_high", "p_value", "msprt_p", "msprt_ci_low"):
+        assert got[k] == pytest.approx(want[k]), k
+    assert got["delta"] > 0 and got["ci_low"] < got["delta"] < got["ci_high"]
+    assert _run(tmp_path, capsys)[0] == 0
+    _edit(path, lambda d: d["figures"]["lift"].update(delta=round(got["delta"] + 0.05, 4)))
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "figure lift.delta: stored" in out
+
+
+def test_an_ab_figure_needs_per_user_rows(tmp_path):
+    with pytest.raises(ResultError, match=r"no field 'user_id' \(ab needs user_id, arm, metric, numerator, denominator\)"):
+        write_result(tmp_path / "x.json", {"lift": {"kind": "ab", "of": {"arm": "base"}, "metric": "resolved"}},
+                     RECORDS, provenance(argv=["x"]))
