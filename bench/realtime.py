@@ -38,15 +38,16 @@ Confirmation (scenario a): the tasks of the specialise run's held-out functions 
 the users' requests nor the gate's suite in any cycle (`etude.loop.cycle.org_tasks` splits the
 rest), each run once by production (the checkpoint in force when the cycle started) and once by
 the candidate, with the gate's harness (`etude.loop.cycle.gate_eval_config`; `--backend` picks the
-engine). The rule, paired by task: a promotion is TRUE when the candidate resolves at least as many
-confirmation tasks as production (b_k >= a_k, the point estimate; a tie is "not worse"), FALSE when
-it resolves fewer. A promoted degraded candidate is a false promotion whatever it resolves (it is
+engine). The rule, paired by task: a promotion is TRUE when the candidate resolves more
+confirmation tasks than production (b_k > a_k), FALSE when it resolves fewer, and UNCONFIRMED on a
+tie (nothing shows the candidate better: 0 vs 0 at 135M would otherwise count as a true
+promotion). A promoted degraded candidate is a false promotion whatever it resolves (it is
 worse by construction); an A/A promotion is counted as `aa_promoted`, not as false (a copy is not
 worse, but must not ship).
 
 Fields (figures in bench/results/realtime.json, each recomputed by bench/verify.py from
 realtime.records.jsonl; a count is the `k` of a rate over the per-cycle records):
-- `true_promotions`, `false_promotions`, `aa_promoted`: see above;
+- `true_promotions`, `false_promotions`, `unconfirmed_promotions`, `aa_promoted`: see above;
 - `degraded_rolled_back`: (b) rolled back by any route; `degraded_caught_by_readout`: rolled back on
   the readout's evidence (a fired hack alarm, a failed guardrail, or a significantly worse primary
   metric), not by the gate, a sample ratio mismatch or an undecided window;
@@ -336,12 +337,14 @@ def cycle_record(scenario: str, rep: dict[str, Any], b_checks: list[bool],
     promoted, rolled = rep.get("decision") == "promote", rep.get("decision") == "rollback"
     by = decided_by(rep)
     not_worse = None if confirm is None else int(confirm["candidate"] >= confirm["production"])
+    better = None if confirm is None else int(confirm["candidate"] > confirm["production"])
     return {
         "record": "cycle", "scenario": scenario, "cycle": Path(rep["cycle_dir"]).name,
         "candidate": (rep.get("candidate") or {}).get("name"), "decision": rep.get("decision"),
         "basis": rep.get("basis"), "decided_by": by, "promoted": int(promoted), "rolled_back": int(rolled),
-        "confirm_not_worse": not_worse,
-        "true_promotion": int(scenario == "specialised" and promoted and not_worse == 1),
+        "confirm_not_worse": not_worse, "confirm_better": better,
+        "true_promotion": int(scenario == "specialised" and promoted and better == 1),
+        "unconfirmed_promotion": int(scenario == "specialised" and promoted and not_worse == 1 and better != 1),
         "false_promotion": int((scenario == "specialised" and promoted and not_worse != 1)
                                or (scenario == "degraded" and promoted)),
         "aa_promoted": int(scenario == "aa" and promoted),
@@ -569,6 +572,8 @@ def figures_of(recs: list[dict[str, Any]], settings: dict[str, dict[str, Any]]) 
     figs: dict[str, dict[str, Any]] = {
         "true_promotions": {"kind": "rate", "of": {**cyc, "scenario": "specialised"}, "field": "true_promotion"},
         "false_promotions": {"kind": "rate", "of": cyc, "field": "false_promotion"},
+        "unconfirmed_promotions": {"kind": "rate", "of": {**cyc, "scenario": "specialised"},
+                                   "field": "unconfirmed_promotion"},
         "degraded_rolled_back": {"kind": "rate", "of": {**cyc, "scenario": "degraded"}, "field": "degraded_rolled_back"},
         "degraded_caught_by_readout": {"kind": "rate", "of": {**cyc, "scenario": "degraded"},
                                        "field": "degraded_caught"},
@@ -704,7 +709,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 "held-out tasks no cycle used; org B's arm checked untouched throughout. Users are simulated.",
         "rules": {
             "true_promotion": "scenario specialised promoted and, on the confirmation tasks (paired by task, one "
-                              "episode each), candidate resolved >= production resolved",
+                              "episode each), candidate resolved > production resolved",
+            "unconfirmed_promotion": "specialised promoted with candidate resolved == production resolved on the "
+                                     "confirmation tasks (not shown better)",
             "false_promotion": "specialised promoted with candidate resolved < production resolved on the "
                                "confirmation tasks, or the degraded candidate promoted at all",
             "aa_promoted": "the A/A cycle promoted (not counted as a false promotion)",

@@ -51,12 +51,14 @@ def test_what_decided_a_cycle_is_read_from_its_basis_and_reason(rep, by):
     assert rt.decided_by(rep) == by
 
 
-def test_a_promotion_is_true_only_when_the_confirmation_shows_the_candidate_not_worse():
+def test_a_promotion_is_true_only_when_the_confirmation_shows_the_candidate_better():
     rec = lambda sc, rep, conf=None, checks=(True, True): rt.cycle_record(sc, rep, list(checks), conf)  # noqa: E731
     promote = _rep("promote", reason="significantly better: ...")
-    true = rec("specialised", promote, {"production": 3, "candidate": 3})  # a tie is not worse
+    true = rec("specialised", promote, {"production": 3, "candidate": 4})
+    tie = rec("specialised", promote, {"production": 3, "candidate": 3})  # not worse, not shown better
     false = rec("specialised", promote, {"production": 3, "candidate": 2})
-    assert (true["true_promotion"], true["false_promotion"]) == (1, 0)
+    assert (true["true_promotion"], true["false_promotion"], true["unconfirmed_promotion"]) == (1, 0, 0)
+    assert (tie["true_promotion"], tie["false_promotion"], tie["unconfirmed_promotion"]) == (0, 0, 1)
     assert (false["true_promotion"], false["false_promotion"]) == (0, 1)
     rolled = rec("specialised", _rep("rollback", basis="gate-only", reason="gate-only ..."),
                  {"production": 0, "candidate": 5})
