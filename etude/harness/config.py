@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from etude.configfile import build
 from etude.errors import EtudeError
 from etude.protocols import ToolsConfig
 
@@ -91,13 +92,13 @@ class HarnessConfig:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
     @classmethod
-    def from_table(cls, table: dict[str, Any], where: str = "[harness]") -> HarnessConfig:
-        """From a config table; a key that is not a field is one EtudeError naming `where`."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(table) - known)
-        if bad:
-            raise EtudeError(f"{where}: unknown key(s) {', '.join(bad)} (known: {', '.join(sorted(known))})")
-        return cls(**table)
+    def from_table(cls, table: Any, where: str = "harness") -> HarnessConfig:
+        """From a config table through the config library (etude.configfile.build): a key that is
+        not a field, or a value of the wrong type ("harness.max_steps must be an integer"), is one
+        EtudeError naming the key under `where` (the table's dotted name, e.g. "env.harness");
+        `[where.tools_config]` is checked the same way; an integer is taken where a float is
+        expected, as everywhere else."""
+        return build(cls, table, where)
 
     def replace(self, **changes: Any) -> HarnessConfig:
         return dataclasses.replace(self, **changes)

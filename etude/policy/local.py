@@ -55,7 +55,7 @@ def _cache_kw() -> str:
     return "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
-__all__ = ["LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
+__all__ = ["ChatTemplatePolicy", "LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
 
 
 def render_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
@@ -105,7 +105,37 @@ def completion_ids(tokenizer: Any, message: Message) -> list[int]:
     return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end_of_turn_id(tokenizer))]
 
 
-class LocalPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, ModelPolicy, TokenizerPolicy):
+class ChatTemplatePolicy(TokenPolicy, BatchPolicy, TokenizerPolicy):
+    """What LocalPolicy and VLLMPolicy share above token ids, written once: the chat template
+    renders a conversation to prompt ids (`encode_prompt`, through `encode_conversation`), the
+    tokenizer's EOS and end-of-turn token stop a completion, and `generate_batch` / `generate`
+    sample through the subclass's own `generate_ids`. `tools` are ignored by design (the harness
+    renders them into the system prompt for these text-format models: `native_tools = False`)."""
+
+    tokenizer: Any
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return stop_ids(self.tokenizer)
+
+    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the chat-templated conversation, ending with the assistant header."""
+        return encode_conversation(self.tokenizer, messages)
+
+    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
+                 temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:
+        return self.generate_batch([messages], tools, n=1, max_tokens=max_tokens, temperature=temperature,
+                                   top_p=top_p, seed=seed)[0]
+
+    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (), *,
+                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float | None = None,
+                       seed: int | None = None) -> list[Generation]:
+        """`n` samples for each conversation, flat and prompt-major: [c0s0, c0s1, …, c1s0, …]."""
+        return self.generate_ids([self.encode_prompt(m) for m in conversations], n=n, max_tokens=max_tokens,
+                                 temperature=temperature, top_p=top_p, seed=seed)
+
+
+class LocalPolicy(ChatTemplatePolicy, NativeToolsPolicy, ModelPolicy):
     """A transformers causal LM behind `protocols.Policy`, with batched sampling and log-probs."""
 
     native_tools = False
@@ -137,33 +167,10 @@ class LocalPolicy(TokenPolicy, BatchPolicy, NativeToolsPolicy, ModelPolicy, Toke
     def device(self) -> Any:
         return next(self.model.parameters()).device
 
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return stop_ids(self.tokenizer)
-
     def context_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
-    # --- prompts --------------------------------------------------------------------------
-
-    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the chat-templated conversation, ending with the assistant header."""
-        return encode_conversation(self.tokenizer, messages)
-
-    # --- sampling -------------------------------------------------------------------------
-
-    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
-                 temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:
-        return self.generate_batch([messages], tools, n=1, max_tokens=max_tokens, temperature=temperature,
-                                   top_p=top_p, seed=seed)[0]
-
-    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (), *,
-                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float | None = None,
-                       seed: int | None = None) -> list[Generation]:
-        """`n` samples for each conversation, flat and prompt-major: [c0s0, c0s1, …, c1s0, …]."""
-        prompts = [self.encode_prompt(m) for m in conversations]
-        return self.generate_ids(prompts, n=n, max_tokens=max_tokens, temperature=temperature,
-                                 top_p=top_p, seed=seed)
+    # --- sampling (encode_prompt, generate and generate_batch: ChatTemplatePolicy) ------------
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 512,
                      temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> list[Generation]:

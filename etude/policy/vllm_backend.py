@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.policy.local import _read_state, encode_conversation, stop_ids
+from etude.policy.local import ChatTemplatePolicy, _read_state
 from etude.policy.models import resolve
 from etude.protocols import BatchPolicy, NativeToolsPolicy, SubmitPolicy, TokenizerPolicy, TokenPolicy
 from etude.types import Generation, Message
@@ -153,7 +153,7 @@ def context_window(model_dir: str | Path, max_model_len: int | None = None) -> i
     return int(max_model_len or getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 2048))
 
 
-class VLLMPolicy(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy):
+class VLLMPolicy(ChatTemplatePolicy, SubmitPolicy, NativeToolsPolicy):
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
     native_tools = False
@@ -204,28 +204,10 @@ class VLLMPolicy(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, Toke
 
     # --- what the harness, the server and the trainer ask of a policy ---------------------
 
-    @property
-    def stop_token_ids(self) -> list[int]:
-        return stop_ids(self.tokenizer)
+    # stop_token_ids, encode_prompt, generate and generate_batch: ChatTemplatePolicy (LocalPolicy's)
 
     def context_length(self) -> int:
         return self._limit
-
-    def encode_prompt(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the chat-templated conversation (the one renderer LocalPolicy uses)."""
-        return encode_conversation(self.tokenizer, messages)
-
-    def generate(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (), *, max_tokens: int = 512,
-                 temperature: float = 0.7, top_p: float | None = None, seed: int | None = None) -> Generation:
-        return self.generate_batch([messages], tools, n=1, max_tokens=max_tokens, temperature=temperature,
-                                   top_p=top_p, seed=seed)[0]
-
-    def generate_batch(self, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = (), *,
-                       n: int = 1, max_tokens: int = 512, temperature: float = 0.7, top_p: float | None = None,
-                       seed: int | None = None) -> list[Generation]:
-        """`n` samples per conversation, flat and prompt-major (same as LocalPolicy)."""
-        return self.generate_ids([self.encode_prompt(m) for m in conversations], n=n, max_tokens=max_tokens,
-                                 temperature=temperature, top_p=top_p, seed=seed)
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], *, n: int = 1, max_tokens: int = 512,
                      temperature: float = 0.7, top_p: float | None = None, seed: int | None = None,

@@ -211,14 +211,20 @@ def repo_tasks(repo: HistoryRepo, entries: Sequence[HistoryEntry], progress: Pro
     attempted on this machine; every base snapshot present (rebuilt from the clone if need be)."""
     say = progress or (lambda _m: None)
     path = repo_cache(repo.name) / "tasks.jsonl"
-    have = {t.instance_id: t for t in load_tasks(path)} if path.is_file() else {}
+    by_commit = {e.commit: e.instance_id for e in repo.tasks}
+    have: dict[str, Task] = {}
+    for t in load_tasks(path) if path.is_file() else []:
+        # a task mined here is named after the clone's folder ("repo__<sha>"; etude.tasks.history
+        # names tasks after the repository directory): it goes by the manifest's name for its commit
+        iid = by_commit.get(str(t.meta.get("commit", "")), t.instance_id)
+        have[iid] = t if iid == t.instance_id else dataclasses.replace(t, instance_id=iid)
     todo = [e for e in entries if e.instance_id not in have and e.instance_id not in _attempted(repo)]
     if todo:
         clone = ensure_clone(repo, say)
         for i, e in enumerate(todo, 1):
             t = _mine_one(clone, repo, e, lambda m, i=i: say(f"{repo.name} {i}/{len(todo)}: {m}"))
             if t is not None:
-                have[t.instance_id] = _as_builtin(t, repo, clone)
+                have[e.instance_id] = dataclasses.replace(_as_builtin(t, repo, clone), instance_id=e.instance_id)
             save_tasks(list(have.values()), path)
             done = _attempted(repo) | {e.instance_id}
             _attempted_file(repo).write_text(json.dumps(sorted(done)) + "\n")

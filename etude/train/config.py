@@ -13,6 +13,7 @@ from typing import Any
 
 from etude.configfile import build, load
 from etude.errors import EtudeError
+from etude.harness.config import HarnessConfig
 from etude.rewards import RewardConfig
 from etude.train.losses import ADVANTAGES, AGGREGATIONS, LossConfig
 
@@ -208,6 +209,8 @@ class TrainConfig:
             raise EtudeError("rollout_backend = \"vllm\" samples in-process: set use_ray = false")
         if self.env.rewards:  # a typo fails before any model is loaded
             RewardConfig.from_dict(self.env.rewards, "env.rewards")
+        if self.env.harness:  # a wrong key or type fails here, naming the file, not when the env starts
+            HarnessConfig.from_table(self.env.harness, "env.harness")
         if self.precision not in ("auto", "fp32", "bf16", "fp8", "mxfp8"):
             raise EtudeError(f"precision must be auto, fp32, bf16, fp8 or mxfp8, not {self.precision!r}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -63,7 +63,7 @@ def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key_in_one_lin
 
     with pytest.raises(EtudeError, match="tasks_file"):
         make_env(EnvConfig(name="fix"))
-    with pytest.raises(EtudeError, match=r"\[env\.harness\]: unknown key\(s\) max_obs"):
+    with pytest.raises(EtudeError, match=r"unknown key\(s\) in \[env\.harness\]: max_obs \(known: "):
         make_env(EnvConfig(name="fix", tasks_file="x.jsonl", harness={"max_obs": 1}))
     with pytest.raises(EtudeError, match="max_obs"):  # the tasks env, the same way
         make_env(EnvConfig(name="tasks", tasks_file="x.jsonl", harness={"max_obs": 1}))

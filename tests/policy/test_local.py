@@ -7,7 +7,15 @@ import torch
 
 from etude.errors import EtudeError
 from etude.policy.local import LocalPolicy, load_model
-from etude.protocols import Policy
+from etude.protocols import (
+    BatchPolicy,
+    ModelPolicy,
+    NativeToolsPolicy,
+    Policy,
+    SubmitPolicy,
+    TokenizerPolicy,
+    TokenPolicy,
+)
 from etude.types import Message, ToolCall
 
 
@@ -30,6 +38,9 @@ def _full_forward_logprobs(pol: LocalPolicy, prompt, completion, temperature: fl
 def test_implements_policy_protocol(tiny):
     assert isinstance(tiny, Policy)
     assert tiny.native_tools is False
+    for proto in (TokenPolicy, BatchPolicy, NativeToolsPolicy, ModelPolicy, TokenizerPolicy):
+        assert isinstance(tiny, proto), proto.__name__
+    assert not isinstance(tiny, SubmitPolicy)  # no engine of its own: serving batches in front of it
 
 
 def test_generation_fields_are_consistent(tiny):

@@ -15,6 +15,7 @@ import pytest
 
 from etude.errors import EtudeError
 from etude.policy.vllm_backend import EngineView, VLLMPolicy
+from etude.protocols import BatchPolicy, NativeToolsPolicy, Policy, SubmitPolicy, TokenizerPolicy, TokenPolicy
 
 
 class ScriptedEngine:
@@ -83,6 +84,13 @@ def engine():
     yield llm, pol
     llm.go.set()
     pol.close()
+
+
+def test_declares_its_capabilities_through_the_shared_chat_template_base(engine):
+    _, pol = engine
+    for proto in (Policy, TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy):
+        assert isinstance(pol, proto), proto.__name__
+    assert pol.stop_token_ids == [2, 3]  # the tokenizer's EOS and end-of-turn token (ChatTemplatePolicy)
 
 
 def test_requests_run_together_and_each_returns_its_own_tokens(engine):

@@ -143,3 +143,41 @@ def test_a_repository_that_cannot_be_cloned_is_one_clear_error(tmp_path, monkeyp
     with pytest.raises(EtudeError, match="holds no repository absent/"):
         builtin_history(manifest=tmp_path / "m.json")
     assert json.loads((tmp_path / "m.json").read_text())["repos"][0]["name"] == "absent"
+
+
+def test_tasks_built_on_first_use_go_by_the_manifest_names(tmp_path, monkeypatch):
+    """On a machine without the installed build, builtin:history mines each listed commit from its
+    cached clone, whose folder is named `repo`: the miner names such a task `repo__<sha>`, and the
+    suite must still list it under the manifest's name (it listed none: 0 of more-itertools' 14)."""
+    import dataclasses
+
+    from etude.tasks import history_suite
+    from etude.tasks.history_suite import HistoryEntry, HistoryRepo, builtin_history, repo_cache, write_manifest
+
+    monkeypatch.setenv("ETUDE_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "src" / "mypkg-repo"
+    shas = make_repo(repo)
+    made = {sha: _task(repo, sha, parent, created)
+            for sha, parent, created in [(shas["fix"], shas["root"], "2024-05-02T12:00:00+00:00"),
+                                         (shas["pass_before"], shas["docs"], "2024-05-04T12:00:00+00:00")]}  # fmt: skip
+    entries = tuple(HistoryEntry(t.instance_id, t.meta["commit"], t.created_at) for t in made.values())
+    h = HistoryRepo("mypkg-repo", "https://github.com/example/mypkg-repo", "MIT", "LICENSE", shas["root"],
+                    shas["merge"], entries)  # fmt: skip
+    manifest = tmp_path / "manifest.json"
+    write_manifest([h], manifest)
+    monkeypatch.setenv(history_suite.SOURCES_ENV, str(repo.parent))
+
+    def mine(clone, cfg, progress=None):  # what etude.tasks.history names a task mined from `clone`
+        t = made[cfg.until]
+        return [dataclasses.replace(t, instance_id=f"{clone.name}__{cfg.until[:12]}")], None
+
+    monkeypatch.setattr(history_suite, "mine_history", mine)
+    first = builtin_history(manifest=manifest)
+    assert [t.instance_id for t in first] == [e.instance_id for e in entries]
+    # a cache that an earlier build wrote under the clone's name is read back under the manifest's
+    cached = repo_cache("mypkg-repo") / "tasks.jsonl"
+    text = cached.read_text()
+    for e in entries:
+        text = text.replace(e.instance_id, f"repo__{e.commit[:12]}")
+    cached.write_text(text)
+    assert [t.instance_id for t in builtin_history(manifest=manifest)] == [e.instance_id for e in entries]
