@@ -97,6 +97,24 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
     return points
 
 
+def greedy_arms(run: Path, out: Path) -> dict[str, Path]:
+    """The four evaluations of `run`, a copy of this run's training stages evaluated without
+    verified edits: refused (SystemExit) unless its adapter is byte-identical to this run's and
+    its evaluations had verification off."""
+    from etude.paths import dir_sha256
+
+    if dir_sha256(run / "adapter") != dir_sha256(out / "adapter"):
+        raise SystemExit(f"--greedy-run {run}: its adapter differs from {out / 'adapter'}")
+    arms = {f"{side}-{arm}": run / f"eval-{side}-{arm}" for side in ("heldout", "general") for arm in ("base", "adapter")}
+    for d in arms.values():
+        if not (d / "results.jsonl").is_file() or not (d / "run.json").is_file():
+            raise SystemExit(f"--greedy-run: {d} is not a finished evaluation")
+        h = json.loads((d / "run.json").read_text()).get("config", {}).get("harness", {})
+        if int(h.get("verify_edits", 0) or 0) > 1:
+            raise SystemExit(f"--greedy-run: {d} is not a finished evaluation without verified edits")
+    return arms
+
+
 def plot(rep: dict[str, Any], points: list[dict[str, Any]], d: Path) -> list[str]:
     import matplotlib
 
@@ -137,12 +155,18 @@ def main() -> None:
     ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
                     "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point)")
     ap.add_argument("--sft-share", default="0.6", help="share of --minutes SFT may use, or 'none' (all its epochs)")
+    ap.add_argument("--verify-edits", type=int, default=0,
+                    help="evaluations: attempts per edit turn checked against the request's failing test (0: off)")
+    ap.add_argument("--greedy-run", default=None,
+                    help="with --verify-edits: a run directory of the same training stages evaluated without "
+                         "verification (one greedy attempt); its four evaluations are added as arms greedy-*")
     ap.add_argument("--results", default=str(RESULTS))
     a = ap.parse_args()
     t0 = time.time()
     cfg = SpecialiseConfig(org=a.org, repos=tuple(a.repos.split(",")), out=a.out, base=a.base, minutes=a.minutes,
                            seed=a.seed, backend=a.backend, general_tasks=a.general_tasks,
-                           sft_share=None if a.sft_share == "none" else float(a.sft_share))
+                           sft_share=None if a.sft_share == "none" else float(a.sft_share),
+                           verify_edits=a.verify_edits)
     fracs = None if a.curve is None else tuple(float(x) for x in a.curve.split(",") if x) if a.curve != "none" else ()
     with PeakMemory() as mem:
         rep = run_specialise(cfg)
@@ -183,6 +207,11 @@ def main() -> None:
                                                            "b": {"arm": arm_name}, "key": "task", "field": "resolved",
                                                            "family": "budget_curve"}
     figures["heldout.heldout-adapter_vs_heldout-base"]["family"] = "budget_curve"
+    greedy = greedy_arms(Path(a.greedy_run), out) if a.greedy_run else {}
+    for side in ("heldout", "general") if greedy else ():
+        arms[f"greedy-{side}-base"] = greedy[f"{side}-base"]
+        arms[f"greedy-{side}-adapter"] = greedy[f"{side}-adapter"]
+        figures.update(paired_figures(f"greedy.{side}", f"greedy-{side}-base", f"greedy-{side}-adapter"))
     meta = {
         "what": "etude specialise: a LoRA adapter on the general warm start, trained on the org's train functions, "
                 "measured on held-out functions (paired with the base) and on the general validation split",
@@ -191,6 +220,10 @@ def main() -> None:
         "general": {k: v for k, v in g.items() if k != "per_task"},
         "budget_curve": {"points": points, "correction": "Holm over the curve's points (figures family budget_curve)",
                          "note": "reported, not picked from: the shipped adapter was chosen on the select slice"},
+        "harness": {"verify_edits": a.verify_edits,
+                    "greedy_run": {"dir": str(Path(a.greedy_run).resolve()), "note": "the same adapter (its "
+                                   "training stages' fingerprints match), evaluated with one greedy attempt"}
+                    if greedy else None},
         "stages": rep["stages"], "memory": mem.to_dict(), "targets": targets,
         "plots": plot(rep, points, res / "specialise"),
     }

@@ -65,6 +65,22 @@ class HarnessConfig:
     on the LoRA-SFT SmolLM2 (greedy, 118 held-out tasks) it changed nothing resolved (5/118 with
     and without, bench/results/legacy/harness_ablation.json); the model stopped repeating the last turn
     but went back to an earlier one instead."""
+    verify_edits: int = 0
+    """Verified edits, for requests that name failing tests (pytest ids such as
+    `tests/t.py::test_x`, read from the request's text): after a turn that changes files (only
+    edits, writes and read-only calls, all applied without error), the harness runs
+    `verify_command` with those ids in the workspace; when they still fail, it puts the files back
+    and samples that turn again at `verify_temperature`, up to `verify_edits` attempts in all,
+    keeping the first whose tests pass. When none passes, the first attempt stands (at greedy
+    decoding the episode is then what it would have been without verification). Every attempt is
+    recorded in `meta.verified_edits` (reply, whether its tests passed, the command's output
+    tail). 0 or 1: off. For evaluation and serving, where a user's request names the failing
+    test; keep it off for RL rollouts (a kept turn was chosen by the test, not sampled from the
+    policy alone)."""
+    verify_temperature: float = 1.0
+    """Sampling temperature of the second and later attempts of a verified edit."""
+    verify_command: str = "python -m pytest -o addopts= -q -x"
+    """The command a verified edit runs, with the request's test ids appended; exit 0 passes."""
     tools_config: ToolsConfig = field(default_factory=ToolsConfig)
     """Limits of the tools (output sizes, run_terminal's default and largest timeout, the
     semantic_search config); `run_agent` hands it to every tool call. A TOML table
@@ -83,6 +99,8 @@ class HarnessConfig:
             raise EtudeError(f"tool_prompt must be compact or json, not {self.tool_prompt!r}")
         if self.tool_format not in ("auto", "openai", "hermes"):
             raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
+        if self.verify_edits < 0:
+            raise EtudeError(f"verify_edits must be 0 or more, not {self.verify_edits}")
         if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:
             raise EtudeError("max_steps, max_parallel and max_tokens_per_turn must be at least 1")
         object.__setattr__(self, "tools", tuple(self.tools))

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import re
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.harness import verify
 from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
 from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
@@ -98,6 +100,7 @@ class _Episode:
         self.stop: StopReason | None = None
         self.complete = False
         self.meta: dict[str, Any] = {"request": request, "native_tools": self.native}
+        self.verify_ids = verify.named_tests(request) if cfg.verify_edits > 1 else ()
         self.prompt_tokens = self.completion_tokens = self.context_tokens = 0
         self.token_sources: set[str] = set()
         self.diff = ""
@@ -110,22 +113,30 @@ class _Episode:
 
     # -- one turn
 
+    def _generate(self, temperature: float) -> Generation:
+        gen = self.policy.generate(
+            self.messages, self.schemas if self.native else [],
+            max_tokens=self.cfg.max_tokens_per_turn, temperature=temperature,
+        )
+        self._count_tokens(gen)
+        return gen
+
     def step(self) -> StopReason | None:
         try:
-            gen = self.policy.generate(
-                self.messages, self.schemas if self.native else [],
-                max_tokens=self.cfg.max_tokens_per_turn, temperature=self.cfg.temperature,
-            )
+            gen = self._generate(self.cfg.temperature)
         except Exception as e:  # noqa: BLE001 - a failing policy ends the episode, it must not lose it
             self.meta["error"] = f"policy failed: {type(e).__name__}: {e}"
             return "error"
-        self._count_tokens(gen)
         calls, errors, assistant = self._read(gen)
-        self.messages.append(assistant)
         if not calls and not errors:
+            self.messages.append(assistant)
             self.turns.append(Turn(index=len(self.turns), generation=gen))
             return "max_tokens" if gen.finish_reason == "length" else "answer"
-        execs, submitted = self._execute(calls)
+        if self._verifiable(calls, errors):
+            gen, calls, errors, assistant, execs, submitted = self._verified(gen, calls, assistant)
+        else:
+            execs, submitted = self._execute(calls)
+        self.messages.append(assistant)
         observed = [_tool_message(x, self.cfg.max_observation_chars) for x in execs]
         self.messages.extend(observed)
         earlier = self._repeat_of(assistant, observed, errors)
@@ -133,6 +144,64 @@ class _Episode:
             self.messages.append(_notice_message(errors, earlier))
         self.turns.append(Turn(index=len(self.turns), generation=gen, tool_executions=tuple(execs), parse_errors=tuple(errors)))
         return "submit" if submitted else None
+
+    # -- verified edits (HarnessConfig.verify_edits; etude.harness.verify)
+
+    def _verifiable(self, calls: Sequence[ToolCall], errors: Sequence[str]) -> bool:
+        """A turn of edits/writes (and read-only calls) only, every call readable, in an episode
+        whose request names tests, with verification on."""
+        return (self.cfg.verify_edits > 1 and bool(self.verify_ids) and not errors
+                and any(c.name in verify.WRITING_TOOLS for c in calls)
+                and all(c.name in verify.WRITING_TOOLS or c.name in READ_ONLY_TOOLS for c in calls))
+
+    def _check(self, snap: verify.Snapshot) -> tuple[bool, str]:
+        snap.drop_bytecode()
+        cmd = f"{self.cfg.verify_command} {' '.join(shlex.quote(t) for t in self.verify_ids)}"
+        res = _call_tool("run_terminal", {"command": cmd}, self.ctx)
+        return verify.passed(res), res.output or res.error or ""
+
+    def _verified(self, gen: Generation, calls: list[ToolCall], assistant: Message) -> tuple[
+            Generation, list[ToolCall], list[str], Message, list[ToolExecution], bool]:
+        """Run the edit turn; while the request's tests still fail after it, undo it and sample the
+        turn again (see HarnessConfig.verify_edits). -> the kept attempt's generation, calls,
+        errors, message, executions and submitted flag."""
+        snap = verify.Snapshot(self.ctx.workspace)
+        snap.add(verify.written_paths(calls))
+        execs, submitted = self._execute(calls)
+        record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids), "attempts": []}
+        attempts = record["attempts"]
+        if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
+            return gen, calls, [], assistant, execs, submitted  # nothing changed: the model sees its errors
+        first = (gen, calls, [], assistant, execs, submitted)
+        ok, out = self._check(snap)
+        attempts.append(verify.attempt_record(gen.text, "passed" if ok else "failed", out))
+        first_state = snap.current()
+        kept = first
+        while not ok and len(attempts) < self.cfg.verify_edits:
+            snap.restore()
+            try:
+                g = self._generate(self.cfg.verify_temperature)
+            except Exception as e:  # noqa: BLE001 - the first attempt stands
+                attempts.append(verify.attempt_record("", f"policy failed: {type(e).__name__}: {e}"))
+                break
+            c, errs, a = self._read(g)
+            if not self._verifiable(c, errs):
+                attempts.append(verify.attempt_record(g.text, "not an edit"))
+                continue
+            snap.add(verify.written_paths(c))
+            x, sub = self._execute(c)
+            if not any(e.result.ok for e in x if e.call.name in verify.WRITING_TOOLS):
+                attempts.append(verify.attempt_record(g.text, "not applied"))
+                continue
+            ok, out = self._check(snap)
+            attempts.append(verify.attempt_record(g.text, "passed" if ok else "failed", out))
+            if ok:
+                kept = (g, c, [], a, x, sub)
+        if not ok:
+            snap.restore(first_state)  # none passed: the first attempt's files, as it left them
+        record["kept"] = next((i for i, t in enumerate(attempts) if t["outcome"] == "passed"), 0)
+        self.meta.setdefault("verified_edits", []).append(record)
+        return kept
 
     def _read(self, gen: Generation) -> tuple[list[ToolCall], list[str], Message]:
         """Calls and errors of a generation, and the assistant message to append. A text-format

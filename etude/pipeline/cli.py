@@ -22,14 +22,18 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed", help="seed of the tasks and of the split")] = 0,
         register_: Annotated[bool, typer.Option("--register", help="register the adapter as the org's candidate")] = False,
         backend: Annotated[str, typer.Option("--backend", help="episodes on hf, vllm or auto")] = "auto",
+        verify_edits: Annotated[int, typer.Option("--verify-edits", help="evaluations: attempts per edit turn checked against the request's failing test (0: off)")] = 0,
     ) -> None:
         """Specialise the agent to an organisation's repositories: a LoRA adapter, measured on held-out functions."""
         from etude.pipeline.specialise import SpecialiseConfig, run_specialise
 
         if minutes <= 0:
             raise EtudeError("--minutes must be positive")
+        if verify_edits < 0:
+            raise EtudeError("--verify-edits must be 0 or more")
         cfg = SpecialiseConfig(org=org, repos=tuple(repos.split(",")), out=str(out), base=base, minutes=minutes,
-                               seed=seed, register=register_, backend=backend)
+                               seed=seed, register=register_, backend=backend,
+                               verify_edits=verify_edits)
         rep = run_specialise(cfg)
         print(json.dumps({k: rep.get(k) for k in ("org", "adapter", "split", "registered")} |
                          {"heldout": {k: rep["heldout"][k] for k in ("tasks", "gain_points", "mcnemar_p")},

@@ -124,6 +124,10 @@ class SpecialiseConfig:
     also stops at the budget's end whatever the estimate)."""
     backend: str = "auto"
     """episodes of evaluations and RL rollouts: "hf", "vllm" or "auto"."""
+    verify_edits: int = 0
+    """the evaluations' harness checks each edit turn against the failing test the task's
+    request names and samples it again while the test still fails, up to this many attempts
+    (HarnessConfig.verify_edits; the same for base and adapter). 0: off (greedy, one attempt)."""
     workers: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -395,7 +399,8 @@ class Specialise:
     # -- 6. evaluations
     def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
 
-        h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0)
+        h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0,
+                                verify_edits=self.cfg.verify_edits)
         ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
         # this stage runs because its inputs changed: an evaluation left in its folder by another
         # model (OUT/merged is rewritten when another adapter is chosen) is not resumed
@@ -472,7 +477,7 @@ def _to_bf16(path: Path) -> None:
 # budget keeps the tasks, the split and the base model's evaluations (etude.pipeline.stages).
 BUILD_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks")
 SPLIT_USES = BUILD_USES + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
-EPISODE_USES = ("agent_config", "backend")
+EPISODE_USES = ("agent_config", "backend", "verify_edits")
 
 
 def sft_inputs(cfg: SpecialiseConfig) -> tuple[str, ...]:
