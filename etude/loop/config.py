@@ -140,6 +140,9 @@ class EvalSection:
     """max_tokens per eval turn."""
     workers: int = 1
     """eval episodes at once."""
+    verify_edits: int = 0
+    """attempts per edit turn checked against the failing test a task's request names
+    (HarnessConfig.verify_edits), the same for production and candidate; 0: one attempt."""
     rule: str = "ci"
     """etude.evals.compare rule: "ci" or "point"."""
     margins: dict[str, float] | None = None

@@ -468,7 +468,7 @@ def gate_eval_config(cfg: LoopConfig, *, progress: bool = False) -> EvalConfig:
     e = cfg.eval
     return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress,
                       harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
-                                            temperature=cfg.traffic.temperature))
+                                            temperature=cfg.traffic.temperature, verify_edits=e.verify_edits))
 
 
 def _stop_experiment(store: Any, exp_id: str | None) -> None:

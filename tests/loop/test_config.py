@@ -64,3 +64,16 @@ def test_server_table_picks_the_loop_servers_engine(tmp_path: Path) -> None:
     assert argv[argv.index("--backend") + 1] == "vllm" and "--max-batch" not in argv  # vLLM has no batcher cap
     hf = serve_argv("sqlite:///x.db", 8001, max_batch=32)
     assert "--backend" not in hf and hf[hf.index("--max-batch") + 1] == "32"
+
+
+def test_eval_table_verify_edits_reaches_the_gate_harness(tmp_path: Path) -> None:
+    from etude.loop.cycle import gate_eval_config
+
+    p = tmp_path / "c.toml"
+    p.write_text("[eval]\nverify_edits = 4\nmax_steps = 8\n")
+    cfg = LoopConfig.from_toml(p)
+    h = gate_eval_config(cfg).harness
+    assert (h.verify_edits, h.max_steps) == (4, 8) and gate_eval_config(LoopConfig()).harness.verify_edits == 0
+    p.write_text('[eval]\nverify_edits = "many"\n')
+    with pytest.raises(EtudeError, match="verify_edits"):
+        LoopConfig.from_toml(p)
