@@ -166,7 +166,7 @@ def main() -> None:
     cfg = SpecialiseConfig(org=a.org, repos=tuple(a.repos.split(",")), out=a.out, base=a.base, minutes=a.minutes,
                            seed=a.seed, backend=a.backend, general_tasks=a.general_tasks,
                            sft_share=None if a.sft_share == "none" else float(a.sft_share),
-                           verify_edits=a.verify_edits)
+                           verify_edits=a.verify_edits or None)
     fracs = None if a.curve is None else tuple(float(x) for x in a.curve.split(",") if x) if a.curve != "none" else ()
     with PeakMemory() as mem:
         rep = run_specialise(cfg)

@@ -116,7 +116,7 @@ class Demo:
                                 minutes=c.spec_minutes, seed=c.seed, tasks_per_repo=c.spec_tasks_per_repo,
                                 drills_per_repo=c.spec_drills_per_repo, min_heldout=c.spec_min_heldout,
                                 general_tasks=c.spec_general_tasks, agent_config=c.agent_config,
-                                verify_edits=c.spec_verify_edits,
+                                verify_edits=c.spec_verify_edits or None,
                                 backend=self.backend, workers=self.workers, register=True,
                                 db=LoopConfig.from_toml(c.loop_config).db or f"sqlite:///{self.out / 'loop' / 'etude.db'}")
         rep = run_specialise(scfg, self.con)

@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             raise EtudeError("--verify-edits must be 0 or more")
         cfg = SpecialiseConfig(org=org, repos=tuple(repos.split(",")), out=str(out), base=base, minutes=minutes,
                                seed=seed, register=register_, backend=backend,
-                               verify_edits=verify_edits)
+                               verify_edits=verify_edits or None)
         rep = run_specialise(cfg)
         print(json.dumps({k: rep.get(k) for k in ("org", "adapter", "split", "registered")} |
                          {"heldout": {k: rep["heldout"][k] for k in ("tasks", "gain_points", "mcnemar_p")},

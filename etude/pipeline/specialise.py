@@ -124,10 +124,11 @@ class SpecialiseConfig:
     also stops at the budget's end whatever the estimate)."""
     backend: str = "auto"
     """episodes of evaluations and RL rollouts: "hf", "vllm" or "auto"."""
-    verify_edits: int = 0
+    verify_edits: int | None = None
     """the evaluations' harness checks each edit turn against the failing test the task's
     request names and samples it again while the test still fails, up to this many attempts
-    (HarnessConfig.verify_edits; the same for base and adapter). 0: off (greedy, one attempt)."""
+    (HarnessConfig.verify_edits; the same for base and adapter). None (or 0): off, one greedy
+    attempt (None, so that runs from before this field resume their evaluations)."""
     workers: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -400,7 +401,7 @@ class Specialise:
     def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
 
         h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0,
-                                verify_edits=self.cfg.verify_edits)
+                                verify_edits=self.cfg.verify_edits or 0)
         ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
         # this stage runs because its inputs changed: an evaluation left in its folder by another
         # model (OUT/merged is rewritten when another adapter is chosen) is not resumed

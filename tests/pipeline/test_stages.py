@@ -73,3 +73,30 @@ def test_state_from_before_inputs_were_kept_uses_its_run_config(tmp_path):
     calls: list[str] = []
     _pipeline(tmp_path, {"repos": "a", "minutes": 30, "base": "m"}, calls)
     assert calls == ["train", "eval adapter", "whole"]
+
+
+def test_verified_edits_redo_the_specialisations_evaluations_only(tmp_path):
+    """`etude specialise --verify-edits K` on a finished run: its four evaluations run again, the
+    training stages are read back; without the flag (None) a run from before the field resumes."""
+    import dataclasses
+
+    from etude.pipeline.specialise import EPISODE_USES, SPLIT_USES, SpecialiseConfig, sft_inputs
+
+    calls: list[str] = []
+
+    def pipeline(cfg):
+        st = Stages(tmp_path, dataclasses.asdict(cfg))
+        for name, uses in (("sft", sft_inputs(cfg)), ("eval", SPLIT_USES + EPISODE_USES)):
+            st.run(name, lambda n=name: (calls.append(n), n)[::-1], uses=uses)
+
+    old = SpecialiseConfig(org="acme", repos=("x==1",), out=str(tmp_path))
+    pipeline(old)
+    state = json.loads((tmp_path / "state.json").read_text())
+    for st in state["stages"].values():  # a run from before the field: its inputs lack it
+        st["inputs"].pop("verify_edits", None)
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    calls.clear()
+    pipeline(old)
+    assert calls == []
+    pipeline(dataclasses.replace(old, verify_edits=8))
+    assert calls == ["eval"]
