@@ -15,6 +15,7 @@ from typing import Any
 from etude.configfile import build, load_with
 from etude.errors import EtudeError
 from etude.experiments.power import plan, tau_rel_for
+from etude.harness.config import HarnessConfig
 from etude.loop.metrics import METRICS
 from etude.loop.population import UserModel
 from etude.policy import BACKENDS
@@ -143,6 +144,11 @@ class EvalSection:
     verify_edits: int = 0
     """attempts per edit turn checked against the failing test a task's request names
     (HarnessConfig.verify_edits), the same for production and candidate; 0: one attempt."""
+    harness: HarnessConfig | None = None
+    """`[eval.harness]`: the gate's whole agent harness (HarnessConfig's fields, e.g. the ones the
+    candidate was trained with: configs/agent_sft.toml's [harness]). When given, `max_steps`,
+    `max_tokens` and the users' temperature are not used: the table's values (or HarnessConfig's
+    defaults) are. None: a default harness with those three."""
     rule: str = "ci"
     """etude.evals.compare rule: "ci" or "point"."""
     margins: dict[str, float] | None = None

@@ -463,12 +463,15 @@ class _Cycle:
 
 
 def gate_eval_config(cfg: LoopConfig, *, progress: bool = False) -> EvalConfig:
-    """How the eval gate runs an episode (`[eval]`: workers, turns, tokens; sampled at the users'
-    temperature, one sample per task), for the gate and for anyone measuring the same way."""
+    """How the eval gate runs an episode (`[eval]`: workers, turns, tokens, sampled at the users'
+    temperature, or its `[eval.harness]`; `verify_edits` on top; one sample per task), for the
+    gate and for anyone measuring the same way."""
     e = cfg.eval
-    return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress,
-                      harness=HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
-                                            temperature=cfg.traffic.temperature, verify_edits=e.verify_edits))
+    h = e.harness or HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
+                                   temperature=cfg.traffic.temperature)
+    if e.verify_edits:
+        h = h.replace(verify_edits=e.verify_edits)
+    return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress, harness=h)
 
 
 def _stop_experiment(store: Any, exp_id: str | None) -> None:

@@ -77,3 +77,18 @@ def test_eval_table_verify_edits_reaches_the_gate_harness(tmp_path: Path) -> Non
     p.write_text('[eval]\nverify_edits = "many"\n')
     with pytest.raises(EtudeError, match="verify_edits"):
         LoopConfig.from_toml(p)
+
+
+def test_eval_harness_table_is_the_gates_harness(tmp_path: Path) -> None:
+    from etude.loop.cycle import gate_eval_config
+
+    p = tmp_path / "c.toml"
+    p.write_text('[eval]\nverify_edits = 8\n[eval.harness]\nmax_steps = 8\nmax_tokens_per_turn = 160\n'
+                 'tools = ["read_file", "edit_file", "grep", "run_terminal"]\ntemperature = 0.0\n')
+    cfg = LoopConfig.from_toml(p)
+    h = gate_eval_config(cfg.for_org("acme")).harness
+    assert (h.max_steps, h.max_tokens_per_turn, h.temperature, h.verify_edits) == (8, 160, 0.0, 8)
+    assert h.tools == ("read_file", "edit_file", "grep", "run_terminal")
+    p.write_text("[eval.harness]\nmax_stepz = 8\n")
+    with pytest.raises(EtudeError, match="max_stepz"):
+        LoopConfig.from_toml(p)
