@@ -103,15 +103,19 @@ def greedy_arms(run: Path, out: Path) -> dict[str, Path]:
     its evaluations had verification off."""
     from etude.paths import dir_sha256
 
-    if dir_sha256(run / "adapter") != dir_sha256(out / "adapter"):
-        raise SystemExit(f"--greedy-run {run}: its adapter differs from {out / 'adapter'}")
+    theirs, ours = dir_sha256(run / "adapter"), dir_sha256(out / "adapter")
+    if theirs is None or theirs != ours:
+        raise SystemExit(f"--greedy-run {run}: its adapter is missing or differs from {out / 'adapter'}")
     arms = {f"{side}-{arm}": run / f"eval-{side}-{arm}" for side in ("heldout", "general") for arm in ("base", "adapter")}
-    for d in arms.values():
-        if not (d / "results.jsonl").is_file() or not (d / "run.json").is_file():
+    for name, d in arms.items():
+        mine = out / f"eval-{name}" / "run.json"
+        if not (d / "results.jsonl").is_file() or not (d / "run.json").is_file() or not mine.is_file():
             raise SystemExit(f"--greedy-run: {d} is not a finished evaluation")
-        h = json.loads((d / "run.json").read_text()).get("config", {}).get("harness", {})
-        if int(h.get("verify_edits", 0) or 0) > 1:
-            raise SystemExit(f"--greedy-run: {d} is not a finished evaluation without verified edits")
+        them, us = json.loads((d / "run.json").read_text()), json.loads(mine.read_text())
+        if int((them.get("config", {}).get("harness") or {}).get("verify_edits", 0) or 0) > 1:
+            raise SystemExit(f"--greedy-run: {d} was evaluated with verified edits")
+        if (them.get("suite_sha256"), them.get("instance_ids")) != (us.get("suite_sha256"), us.get("instance_ids")):
+            raise SystemExit(f"--greedy-run: {d} evaluated other tasks than {mine.parent}")
     return arms
 
 
@@ -221,8 +225,8 @@ def main() -> None:
         "budget_curve": {"points": points, "correction": "Holm over the curve's points (figures family budget_curve)",
                          "note": "reported, not picked from: the shipped adapter was chosen on the select slice"},
         "harness": {"verify_edits": a.verify_edits,
-                    "greedy_run": {"dir": str(Path(a.greedy_run).resolve()), "note": "the same adapter (its "
-                                   "training stages' fingerprints match), evaluated with one greedy attempt"}
+                    "greedy_run": {"dir": str(Path(a.greedy_run).resolve()), "note": "the same adapter "
+                                   "(byte-identical) on the same tasks, evaluated with one greedy attempt"}
                     if greedy else None},
         "stages": rep["stages"], "memory": mem.to_dict(), "targets": targets,
         "plots": plot(rep, points, res / "specialise"),

@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "specialise_select.json"))
     a = ap.parse_args()
     t0 = time.time()
+    if a.verify_edits < 2:
+        raise SystemExit("--verify-edits must be at least 2 (1 is the greedy arm already evaluated)")
     run = Path(a.run).resolve()
     if not (run / "tasks" / "select.jsonl").is_file() or not (run / "merged").is_dir():
         raise SystemExit(f"--run {run}: not a finished `etude specialise` run (tasks/select.jsonl, merged/)")

@@ -100,6 +100,22 @@ def manifest_model_sha256(out: str | Path) -> str | None:
     return json.loads(path.read_text()).get("model_sha256") if path.is_file() else None
 
 
+def harness_changes(out: Path, harness: Any = None) -> list[str]:
+    """The harness fields whose values differ between the run recorded in `out` and `harness`
+    (a HarnessConfig; default: the one being written, read from the caller's manifest). A
+    field the recorded run predates counts only when the new value is not its default."""
+    from etude.harness import HarnessConfig
+
+    path = out / MANIFEST
+    if harness is None or not path.is_file():
+        return []
+    old = (json.loads(path.read_text()).get("config") or {}).get("harness")
+    if not isinstance(old, dict):
+        return []
+    new, default = harness.to_dict(), HarnessConfig().to_dict()
+    return sorted(k for k in new if (old[k] != new[k] if k in old else new[k] != default.get(k)))
+
+
 def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg: EvalConfig) -> dict[str, Any]:
     """Write run.json, or check a resumed run matches the one already in `out`."""
     new = {"model": model, "model_sha256": digest, "suite_sha256": suite_hash(tasks),
@@ -112,6 +128,8 @@ def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg:
                 continue  # a run recorded before digests (or a model that is not a directory)
             if old.get(k) != new[k]:
                 raise EtudeError(f"{out} holds a run with {k}={old.get(k)!r}, not {new[k]!r}; use another --out")
+        if changed := harness_changes(out, cfg.harness_config()):
+            raise EtudeError(f"{out} holds a run with another harness ({', '.join(changed)}); use another --out")
         new["created"] = old.get("created")
     new["created"] = new.get("created") or datetime.now(UTC).isoformat(timespec="seconds")
     atomic_write(path, json.dumps(new, indent=2) + "\n")
@@ -134,9 +152,10 @@ def run_eval(
     *, fresh_for_new_weights: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `model` (see etude.evals.models) on `suite`; returns the summary (also in
-    OUT/summary.json). Resumes a run already in `out_dir`; with `fresh_for_new_weights`, a folder
-    holding an evaluation of other weights (or no run.json) is deleted and run afresh instead (a
-    pipeline stage whose model directory was rewritten)."""
+    OUT/summary.json). Resumes a run already in `out_dir` (refused when it ran another harness);
+    with `fresh_for_new_weights`, a folder holding an evaluation of other weights or another
+    harness (or no run.json) is deleted and run afresh instead (a pipeline stage whose model
+    directory was rewritten or whose harness changed)."""
     cfg = config or EvalConfig()
     if cfg.backend != "hf":  # a missing engine is one line before the suite is prepared
         check_backend(cfg.backend)
@@ -146,7 +165,8 @@ def run_eval(
         raise EtudeError(f"--out {out} exists and is not a folder")
     digest = model_sha256(model)  # once: hashing a model's weights reads all of them
     if fresh_for_new_weights and out.is_dir() and (
-            not (out / MANIFEST).is_file() or manifest_model_sha256(out) != digest):
+            not (out / MANIFEST).is_file() or manifest_model_sha256(out) != digest
+            or harness_changes(out, cfg.harness_config())):
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     episodes = _executor(model, cfg, out)  # a bad spec or an unreachable cluster fails before anything is written

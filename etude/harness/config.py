@@ -68,11 +68,12 @@ class HarnessConfig:
     verify_edits: int = 0
     """Verified edits, for requests that name failing tests (pytest ids such as
     `tests/t.py::test_x`, read from the request's text): after a turn that changes files (only
-    edits, writes and read-only calls, all applied without error), the harness runs
-    `verify_command` with those ids in the workspace; when they still fail, it puts the files back
-    and samples that turn again at `verify_temperature`, up to `verify_edits` attempts in all,
-    keeping the first whose tests pass. When none passes, the first attempt stands (at greedy
-    decoding the episode is then what it would have been without verification). Every attempt is
+    edits, writes and read-only calls, none writing the named test files or a conftest.py, at
+    least one edit applied), the harness runs `verify_command` with those ids in the workspace;
+    when they still fail, it puts the files back and samples that turn again at
+    `verify_temperature`, up to `verify_edits` attempts in all (and within `time_limit_s`),
+    keeping the first whose tests pass. When none passes, the first attempt stands, its files as
+    it left them (folders a rejected write created, and the checks' .pytest_cache, stay). Every attempt is
     recorded in `meta.verified_edits` (reply, whether its tests passed, the command's output
     tail). 0 or 1: off. For evaluation and serving, where a user's request names the failing
     test; keep it off for RL rollouts (a kept turn was chosen by the test, not sampled from the
@@ -101,6 +102,8 @@ class HarnessConfig:
             raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
         if self.verify_edits < 0:
             raise EtudeError(f"verify_edits must be 0 or more, not {self.verify_edits}")
+        if self.verify_temperature < 0:
+            raise EtudeError(f"verify_temperature must be 0 or more, not {self.verify_temperature}")
         if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:
             raise EtudeError("max_steps, max_parallel and max_tokens_per_turn must be at least 1")
         object.__setattr__(self, "tools", tuple(self.tools))

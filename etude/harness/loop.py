@@ -148,11 +148,12 @@ class _Episode:
     # -- verified edits (HarnessConfig.verify_edits; etude.harness.verify)
 
     def _verifiable(self, calls: Sequence[ToolCall], errors: Sequence[str]) -> bool:
-        """A turn of edits/writes (and read-only calls) only, every call readable, in an episode
-        whose request names tests, with verification on."""
+        """A turn of edits/writes (and read-only calls) only, every call readable, none writing the
+        named tests or a conftest.py, in an episode whose request names tests, verification on."""
         return (self.cfg.verify_edits > 1 and bool(self.verify_ids) and not errors
                 and any(c.name in verify.WRITING_TOOLS for c in calls)
-                and all(c.name in verify.WRITING_TOOLS or c.name in READ_ONLY_TOOLS for c in calls))
+                and all(c.name in verify.WRITING_TOOLS or c.name in READ_ONLY_TOOLS for c in calls)
+                and not verify.touches_tests(verify.written_paths(calls), self.verify_ids))
 
     def _check(self, snap: verify.Snapshot) -> tuple[bool, str]:
         snap.drop_bytecode()
@@ -164,43 +165,52 @@ class _Episode:
             Generation, list[ToolCall], list[str], Message, list[ToolExecution], bool]:
         """Run the edit turn; while the request's tests still fail after it, undo it and sample the
         turn again (see HarnessConfig.verify_edits). -> the kept attempt's generation, calls,
-        errors, message, executions and submitted flag."""
+        errors, message, executions and submitted flag. Never raises for what a model wrote:
+        anything unexpected stops verification and leaves the first attempt in force."""
         snap = verify.Snapshot(self.ctx.workspace)
         snap.add(verify.written_paths(calls))
         execs, submitted = self._execute(calls)
+        first = (gen, calls, [], assistant, execs, submitted)
+        if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
+            return first  # nothing changed: the model sees its errors
         record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids), "attempts": []}
         attempts = record["attempts"]
-        if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
-            return gen, calls, [], assistant, execs, submitted  # nothing changed: the model sees its errors
-        first = (gen, calls, [], assistant, execs, submitted)
+        self.meta.setdefault("verified_edits", []).append(record)
         ok, out = self._check(snap)
         attempts.append(verify.attempt_record(gen.text, "passed" if ok else "failed", out))
+        if ok:
+            return first
         first_state = snap.current()
         kept = first
-        while not ok and len(attempts) < self.cfg.verify_edits:
-            snap.restore()
-            try:
+        try:
+            while (len(attempts) < self.cfg.verify_edits
+                   and time.monotonic() - self.t0 < self.cfg.time_limit_s):
+                if failed := snap.restore():
+                    attempts.append(verify.attempt_record("", f"stopped: could not undo {', '.join(failed)}"))
+                    break
                 g = self._generate(self.cfg.verify_temperature)
-            except Exception as e:  # noqa: BLE001 - the first attempt stands
-                attempts.append(verify.attempt_record("", f"policy failed: {type(e).__name__}: {e}"))
-                break
-            c, errs, a = self._read(g)
-            if not self._verifiable(c, errs):
-                attempts.append(verify.attempt_record(g.text, "not an edit"))
-                continue
-            snap.add(verify.written_paths(c))
-            x, sub = self._execute(c)
-            if not any(e.result.ok for e in x if e.call.name in verify.WRITING_TOOLS):
-                attempts.append(verify.attempt_record(g.text, "not applied"))
-                continue
-            ok, out = self._check(snap)
-            attempts.append(verify.attempt_record(g.text, "passed" if ok else "failed", out))
-            if ok:
-                kept = (g, c, [], a, x, sub)
+                c, errs, a = self._read(g)
+                if not self._verifiable(c, errs):
+                    attempts.append(verify.attempt_record(g.text, "not an edit"))
+                    continue
+                snap.add(verify.written_paths(c))
+                x, sub = self._execute(c)
+                if not any(e.result.ok for e in x if e.call.name in verify.WRITING_TOOLS):
+                    attempts.append(verify.attempt_record(g.text, "not applied"))
+                    continue
+                ok, out = self._check(snap)
+                attempts.append(verify.attempt_record(g.text, "passed" if ok else "failed", out))
+                if ok:
+                    kept = (g, c, [], a, x, sub)
+                    break
+        except Exception as e:  # noqa: BLE001 - a failed policy or tool mid-verification: the first attempt stands
+            attempts.append(verify.attempt_record("", f"stopped: {type(e).__name__}: {e}"))
+            ok = False
         if not ok:
             snap.restore(first_state)  # none passed: the first attempt's files, as it left them
-        record["kept"] = next((i for i, t in enumerate(attempts) if t["outcome"] == "passed"), 0)
-        self.meta.setdefault("verified_edits", []).append(record)
+            kept = first
+        record["kept"] = len(attempts) - 1 if ok else 0
+        self.context_tokens = _context_of(kept[0], self.context_tokens)
         return kept
 
     def _read(self, gen: Generation) -> tuple[list[ToolCall], list[str], Message]:
@@ -382,6 +392,14 @@ def _clip(s: str, max_chars: int) -> str:
 
 def _message_chars(m: Message) -> int:
     return len(m.content) + sum(len(c.name) + len(str(c.arguments)) for c in m.tool_calls)
+
+
+def _context_of(gen: Generation, fallback: int) -> int:
+    """The conversation's length after `gen` (prompt + completion), from its token ids or usage."""
+    if gen.token_ids or gen.prompt_token_ids:
+        return len(gen.prompt_token_ids) + len(gen.token_ids)
+    p, c = getattr(gen, "prompt_tokens", None), getattr(gen, "completion_tokens", None)
+    return int(p) + int(c) if p is not None and c is not None else fallback
 
 
 def _estimate(chars: int) -> int:

@@ -165,6 +165,8 @@ class EvalSection:
     "promote" from the readout becomes a rollback that says why)."""
 
     def __post_init__(self) -> None:
+        if self.verify_edits < 0:
+            raise EtudeError(f"[eval] verify_edits must be 0 or more, not {self.verify_edits}")
         if self.on_inconclusive not in ("rollback", "canary"):
             raise EtudeError(f"[eval] on_inconclusive must be rollback or canary, not {self.on_inconclusive!r}")
         if self.min_tasks < 1:

@@ -132,6 +132,12 @@ class SpecialiseConfig:
     workers: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.verify_edits is not None and self.verify_edits < 0:
+            raise EtudeError(f"verify_edits must be 0 or more, not {self.verify_edits}")
+        if self.verify_edits is not None and self.verify_edits <= 1:  # one attempt: off, as None says
+            object.__setattr__(self, "verify_edits", None)
+
 
 # ---------------------------------------------------------------- input checks (before anything is written)
 

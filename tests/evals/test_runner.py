@@ -96,3 +96,29 @@ def test_fresh_for_new_weights_starts_over_a_folder_without_run_json_and_resumes
     with pytest.raises(EtudeError, match="every episode failed"):
         run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True)
     assert (out / "kept.txt").is_file() and len((out / "results.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_resume_under_another_harness_is_refused_or_started_over(tmp_path):
+    """A folder evaluated with one harness never lends its records to another: plain resume is
+    refused (one line), a pipeline stage's (fresh_for_new_weights) starts over; a field the
+    recorded run predates counts only when set away from its default."""
+    from etude.evals.runner import harness_changes
+    from etude.harness import HarnessConfig
+
+    out = tmp_path / "run"
+    cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False, harness=HarnessConfig(max_steps=4))
+    with pytest.raises(EtudeError, match="every episode failed"):
+        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+    verified = EvalConfig(workers=1, executor="threads", progress=False, report=False,
+                          harness=HarnessConfig(max_steps=4, verify_edits=8))
+    with pytest.raises(EtudeError, match=r"another harness \(verify_edits\)"):
+        run_eval([broken_task(tmp_path)], "noop", out, verified)
+    with pytest.raises(EtudeError, match="every episode failed"):
+        run_eval([broken_task(tmp_path)], "noop", out, verified, fresh_for_new_weights=True)
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1  # started over
+    man = json.loads((out / "run.json").read_text())
+    del man["config"]["harness"]["verify_temperature"]  # a run from before the field
+    (out / "run.json").write_text(json.dumps(man))
+    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8)) == []
+    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, verify_temperature=0.5)) == [
+        "verify_temperature"]

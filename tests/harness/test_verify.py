@@ -105,3 +105,34 @@ def test_snapshot_restores_bytes(ws):
 def test_negative_attempts_are_refused():
     with pytest.raises(EtudeError, match="verify_edits"):
         HarnessConfig(verify_edits=-1)
+
+
+def test_a_folder_or_a_path_under_a_file_never_crashes_the_episode(ctx, ws):
+    bad_dir = fix(3) + call("write_file", path="pkg", content="x")
+    bad_under = fix(4) + call("write_file", path="pkg/a.py/x.py", content="x")
+    pol = ScriptedPolicy([bad_dir, bad_under, fix(2), "Done."])
+    t = run_agent(pol, REQUEST, ctx, cfg(3))
+    assert t.stop_reason == "answer" and (ws / "pkg").is_dir()
+    assert (ws / "pkg" / "a.py").read_text().endswith("return 2\n")
+
+
+def test_when_none_passes_python_runs_the_first_attempts_code(ctx, ws):
+    """The last check cached the last attempt's bytecode, of the same size and second as the first
+    attempt's source: the undo drops it, so the model's next command imports what the file says."""
+    probe = call("run_terminal", command="python -c \"import sys; sys.path.insert(0, 'pkg'); import a; print('f', a.f())\"")
+    pol = ScriptedPolicy([fix(3), fix(4), fix(5), probe, "Done."])
+    t = run_agent(pol, REQUEST, ctx, cfg(3))
+    assert (ws / "pkg" / "a.py").read_text().endswith("return 3\n")
+    assert "f 3" in t.turns[1].tool_executions[0].result.output
+
+
+def test_an_attempt_that_edits_the_named_test_is_not_kept(ctx, ws):
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_a.py").write_text("def test_f():\n    assert True\n")
+    cheat = call("write_file", path="tests/test_a.py", content="def test_f():\n    pass\n") + fix(2)
+    pol = ScriptedPolicy([fix(3), cheat, call("write_file", path="tests/conftest.py", content=""), fix(2), "Done."])
+    t = run_agent(pol, REQUEST, ctx, cfg(4))
+    outcomes = [a["outcome"] for a in t.meta["verified_edits"][0]["attempts"]]
+    assert outcomes == ["failed", "not an edit", "not an edit", "passed"]
+    assert (ws / "tests" / "test_a.py").read_text() == "def test_f():\n    assert True\n"
+    assert not (ws / "tests" / "conftest.py").exists()
