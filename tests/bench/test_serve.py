@@ -67,9 +67,9 @@ def test_the_raw_server_gets_etude_engine_arguments(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_on_cpu", lambda: True)
     kw = vllm_backend.engine_kwargs("/models/smol", max_model_len=8192, enable_lora=True, max_lora_rank=16)
     cmd = serve.raw_command("smollm2", 8123, kw)
-    assert cmd[:9] == [str(serve.VLLM_CLI), "serve", "/models/smol", "--host", "127.0.0.1", "--port", "8123",
-                       "--served-model-name", "auto"]
-    flags = " ".join(cmd[9:])
+    assert cmd[:11] == [str(serve.VLLM_PYTHON), "-m", serve.RAW_SERVER, "--model", "/models/smol", "--host",
+                        "127.0.0.1", "--port", "8123", "--served-model-name", "auto"]
+    flags = " ".join(cmd[11:])
     for want in ("--dtype auto", "--max-model-len 8192", "--seed 0", "--logprobs-mode processed_logprobs",
                  "--generation-config vllm", "--enforce-eager", "--no-enable-chunked-prefill",
                  "--max-num-batched-tokens 8192", "--enable-lora", "--max-lora-rank 16", "--max-loras 4"):
