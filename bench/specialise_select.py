@@ -23,6 +23,7 @@ from pathlib import Path
 from etude.evals import EvalConfig, run_eval
 from etude.evals.results import write_result
 from etude.pipeline.compare import eval_records, paired_figures
+from etude.policy import resolve_backend
 from etude.provenance import provenance
 from etude.train.sft import load_sft_config
 
@@ -54,7 +55,8 @@ def main() -> None:
             arm = f"{name}-verify{k}"
             d = run / "select-eval" / arm
             t = time.monotonic()
-            cfg = EvalConfig(workers=a.workers, harness=h0.replace(verify_edits=k), bootstrap=200, backend=a.backend)
+            cfg = EvalConfig(workers=a.workers, harness=h0.replace(verify_edits=k), bootstrap=200,
+                             backend=resolve_backend(a.backend))
             run_eval(run / "tasks" / "select.jsonl", model, d, cfg, fresh_for_new_weights=True)
             stages[arm] = {"seconds": round(time.monotonic() - t, 1)}
             arms[arm] = d
