@@ -67,7 +67,7 @@ def main() -> None:
                **paired_figures("adapter", "adapter-verify0", f"adapter-verify{k}")}
     meta = {"what": "select slice of an etude specialise run (train-side functions kept out of training): "
                     f"base and adapter, one greedy attempt vs up to {k} verified attempts per edit turn",
-            "run": str(run), "models": models, "verify_edits": k}
+            "run": str(run), "models": models, "verify_edits": k, "verify_scope": h0.verify_scope}
     write_result(Path(a.out), figures, eval_records(arms), provenance(started=t0, stages=stages), meta=meta)
     doc = json.loads(Path(a.out).read_text())
     print(json.dumps({n: {f: v.get(f) for f in ("a_k", "b_k", "n", "p")} for n, v in doc["figures"].items()

@@ -81,7 +81,11 @@ class HarnessConfig:
     verify_temperature: float = 1.0
     """Sampling temperature of the second and later attempts of a verified edit."""
     verify_command: str = "python -m pytest -o addopts= -q -x"
-    """The command a verified edit runs, with the request's test ids appended; exit 0 passes."""
+    """The command a verified edit runs, with what `verify_scope` says appended; exit 0 passes."""
+    verify_scope: str = "files"
+    """What a verified edit's check runs: "files", every test in the files that hold the named
+    tests (a fix that makes the named test pass while breaking its neighbours is rejected: a
+    request often names one of several tests the bug fails), or "tests", the named tests alone."""
     tools_config: ToolsConfig = field(default_factory=ToolsConfig)
     """Limits of the tools (output sizes, run_terminal's default and largest timeout, the
     semantic_search config); `run_agent` hands it to every tool call. A TOML table
@@ -102,6 +106,8 @@ class HarnessConfig:
             raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
         if self.verify_edits < 0:
             raise EtudeError(f"verify_edits must be 0 or more, not {self.verify_edits}")
+        if self.verify_scope not in ("files", "tests"):
+            raise EtudeError(f"verify_scope must be files or tests, not {self.verify_scope!r}")
         if self.verify_temperature < 0:
             raise EtudeError(f"verify_temperature must be 0 or more, not {self.verify_temperature}")
         if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:

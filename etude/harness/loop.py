@@ -157,7 +157,8 @@ class _Episode:
 
     def _check(self, snap: verify.Snapshot) -> tuple[bool, str]:
         snap.drop_bytecode()
-        cmd = f"{self.cfg.verify_command} {' '.join(shlex.quote(t) for t in self.verify_ids)}"
+        targets = verify.check_targets(self.verify_ids, self.cfg.verify_scope)
+        cmd = f"{self.cfg.verify_command} {' '.join(shlex.quote(t) for t in targets)}"
         res = _call_tool("run_terminal", {"command": cmd}, self.ctx)
         return verify.passed(res), res.output or res.error or ""
 
@@ -173,7 +174,9 @@ class _Episode:
         first = (gen, calls, [], assistant, execs, submitted)
         if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
             return first  # nothing changed: the model sees its errors
-        record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids), "attempts": []}
+        record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids),
+                                  "ran": list(verify.check_targets(self.verify_ids, self.cfg.verify_scope)),
+                                  "attempts": []}
         attempts = record["attempts"]
         self.meta.setdefault("verified_edits", []).append(record)
         ok, out = self._check(snap)

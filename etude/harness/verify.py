@@ -38,6 +38,13 @@ def named_tests(request: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.group(1) for m in _NODE_ID.finditer(request)))
 
 
+def check_targets(ids: Sequence[str], scope: str) -> tuple[str, ...]:
+    """What a check runs: the named ids ("tests") or the files that hold them ("files")."""
+    if scope == "tests":
+        return tuple(ids)
+    return tuple(dict.fromkeys(i.split("::", 1)[0] for i in ids))
+
+
 def written_paths(calls: Iterable[ToolCall]) -> list[str]:
     """The `path` arguments of the calls that change files."""
     return [str(c.arguments.get("path")) for c in calls

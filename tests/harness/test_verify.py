@@ -29,8 +29,9 @@ class Recording(ScriptedPolicy):
         return super().generate(messages, tools, **kw)
 
 
-def cfg(k):
-    return HarnessConfig(verify_edits=k, verify_command=CHECK, temperature=0.0, verify_temperature=0.9)
+def cfg(k, scope="tests"):
+    return HarnessConfig(verify_edits=k, verify_command=CHECK, temperature=0.0, verify_temperature=0.9,
+                         verify_scope=scope)
 
 
 def test_test_ids_are_read_from_the_request():
@@ -136,3 +137,16 @@ def test_an_attempt_that_edits_the_named_test_is_not_kept(ctx, ws):
     assert outcomes == ["failed", "not an edit", "not an edit", "passed"]
     assert (ws / "tests" / "test_a.py").read_text() == "def test_f():\n    assert True\n"
     assert not (ws / "tests" / "conftest.py").exists()
+
+
+def test_the_files_scope_runs_the_named_tests_files(ctx, ws):
+    """With verify_scope "files" the check gets the test files, not the ids (stand-in command:
+    it passes only when its argument is the file)."""
+    check = "python -c \"import sys; sys.exit(0 if sys.argv[1:] == ['tests/test_a.py'] else 1)\""
+    h = HarnessConfig(verify_edits=3, verify_command=check, temperature=0.0)
+    assert h.verify_scope == "files"
+    t = run_agent(ScriptedPolicy([fix(3), "Done."]), REQUEST, ctx, h)
+    rec = t.meta["verified_edits"][0]
+    assert rec["ran"] == ["tests/test_a.py"] and [a["outcome"] for a in rec["attempts"]] == ["passed"]
+    with pytest.raises(EtudeError, match="verify_scope"):
+        HarnessConfig(verify_scope="suite")
