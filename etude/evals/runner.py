@@ -113,7 +113,15 @@ def harness_changes(out: Path, harness: Any = None) -> list[str]:
     if not isinstance(old, dict):
         return []
     new, default = harness.to_dict(), HarnessConfig().to_dict()
-    return sorted(k for k in new if (old[k] != new[k] if k in old else new[k] != default.get(k)))
+    before = {**default, **_LEGACY_HARNESS, **old}  # what a field the run predates behaved as
+    changed = [k for k in new if before.get(k) != new[k]]
+    if int(before.get("verify_edits") or 0) <= 1 and int(new.get("verify_edits") or 0) <= 1:
+        changed = [k for k in changed if not k.startswith("verify_")]  # verification off in both
+    return sorted(changed)
+
+
+# Harness fields whose behaviour before the field existed was not its default.
+_LEGACY_HARNESS = {"verify_scope": "tests"}
 
 
 def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg: EvalConfig) -> dict[str, Any]:
