@@ -88,7 +88,8 @@ leaves 30 of a 60-task held-out split for the confirmation, and sets three thing
 - the gate and the confirmation evaluate with the agent's own harness (`--gate-harness`, default
   configs/agent_sft.toml's [harness], greedy: 8 turns of 160 tokens, the tools the adapter was
   trained with; the loop config's 3-turn, 64-token gate cannot reach an edit), `sizes.workers` in
-  flight, and `--verify-edits K` attempts per edit turn (HarnessConfig.verify_edits; 0: off).
+  flight, and `--verify-edits K` attempts per edit turn (HarnessConfig.verify_edits; default 8,
+  as `etude specialise` measures its adapter; 0: off).
 Every traffic record names the round's concurrency, executor and server engine, and its
 `in_flight` (sessions' summed wall time / the round's wall time: how many were in flight on
 average); `sessions_per_min` and `sessions_in_flight` are their means.
@@ -661,7 +662,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the gate's and the confirmation's agent harness: the [harness] of this SFT config, greedy "
                          "(default: configs/agent_sft.toml, the harness the adapter was trained and measured with; "
                          "quick: the loop config's); 'loop' for the loop config's")
-    ap.add_argument("--verify-edits", type=int, default=0,
+    ap.add_argument("--verify-edits", type=int, default=8,
                     help="gate and confirmation: attempts per edit turn checked against the request's failing test")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)

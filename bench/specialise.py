@@ -5,7 +5,11 @@ for one organisation whose packages are in no built-in split, from the general w
 agent, then draws the budget curve: the adapter after a third, two thirds and all of its SFT steps
 and after RL, each evaluated on the same held-out functions (paired with the base; p values
 Holm-corrected over the curve's points, which are reported, never picked from: the adapter the
-run ships was chosen on the select slice of train functions).
+run ships was chosen on the select slice of train functions). Every evaluation verifies edits
+(`--verify-edits 8`, HarnessConfig.verify_edits: an edit turn that leaves the request's failing
+tests' files failing is undone and sampled again), base and adapter alike, as `etude specialise`
+does by default; that choice was made on the select slice (bench/specialise_select.py). With
+`--greedy-run DIR` (the same adapter evaluated with one greedy attempt) the greedy arms are added.
 
     python bench/specialise.py --base runs/general_sft/final \
         --repos click==8.1.7,webcolors==24.8.0 --org acme --minutes 40 --out runs/bench_specialise
@@ -159,8 +163,9 @@ def main() -> None:
     ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
                     "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point)")
     ap.add_argument("--sft-share", default="0.6", help="share of --minutes SFT may use, or 'none' (all its epochs)")
-    ap.add_argument("--verify-edits", type=int, default=0,
-                    help="evaluations: attempts per edit turn checked against the request's failing test (0: off)")
+    ap.add_argument("--verify-edits", type=int, default=8,
+                    help="evaluations: attempts per edit turn checked against the request's failing tests' files "
+                         "(0: one greedy attempt; 8, etude specialise's default, chosen on the select slice)")
     ap.add_argument("--greedy-run", default=None,
                     help="with --verify-edits: a run directory of the same training stages evaluated without "
                          "verification (one greedy attempt); its four evaluations are added as arms greedy-*")

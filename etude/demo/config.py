@@ -38,9 +38,10 @@ class DemoConfig:
     spec_min_heldout: int = 30
     spec_general_tasks: int = 30
     """tasks of the built-in validation split for the specialisation's regression check."""
-    spec_verify_edits: int = 0
+    spec_verify_edits: int = 8
     """the specialisation's evaluations: attempts per edit turn checked against the request's
-    failing test (SpecialiseConfig.verify_edits; 0: one greedy attempt)."""
+    failing test (SpecialiseConfig.verify_edits; 0: one greedy attempt). 8, as `etude
+    specialise` defaults to: chosen on the select slice (bench/results/specialise_select.json)."""
     loop_config: str = "configs/loop_demo.toml"
     """the real-time cycle's config; model and root are set by the demo."""
     backend: str = "auto"

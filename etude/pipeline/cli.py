@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, typer.Option("--seed", help="seed of the tasks and of the split")] = 0,
         register_: Annotated[bool, typer.Option("--register", help="register the adapter as the org's candidate")] = False,
         backend: Annotated[str, typer.Option("--backend", help="episodes on hf, vllm or auto")] = "auto",
-        verify_edits: Annotated[int, typer.Option("--verify-edits", help="evaluations: attempts per edit turn checked against the request's failing test (0: off)")] = 0,
+        verify_edits: Annotated[int, typer.Option("--verify-edits", help="evaluations: attempts per edit turn checked against the files of the request's failing tests, for base and adapter alike (0: one greedy attempt); chosen on the select slice")] = 8,
     ) -> None:
         """Specialise the agent to an organisation's repositories: a LoRA adapter, measured on held-out functions."""
         from etude.pipeline.specialise import SpecialiseConfig, run_specialise
