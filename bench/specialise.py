@@ -55,10 +55,10 @@ def sft_checkpoints(out: Path) -> list[tuple[int, Path, float]]:
     return [(s, steps[s], cum.get(s, float("nan"))) for s in sorted(steps)]
 
 
-def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | None = None) -> list[dict[str, Any]]:
+def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | str | None = None) -> list[dict[str, Any]]:
     """Held-out evaluations of the adapter at several training budgets (see the module doc);
     `fracs_sft`: the fractions of the SFT steps to evaluate (default: 1/3 and 2/3 when the SFT
-    adapter shipped, 1/2 when RL's did; () for none)."""
+    adapter shipped, 1/2 when RL's did; () for none; "off": the shipped adapter alone)."""
     from etude.train.lora import merge_adapter_dir
 
     out = sp.out
@@ -70,6 +70,11 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
     sft_final = str(Path(chosen["from"])) == str(Path(sp.stages.result("3. SFT (LoRA)")["adapter"]))
     # three budgets at least: SFT at 1/3 and 2/3 when the SFT adapter shipped, else SFT at 1/2,
     # SFT final and the RL adapter
+    if fracs_sft == "off":  # the shipped adapter alone: no earlier checkpoint is evaluated
+        points: list[dict[str, Any]] = [{"point": f"shipped ({chosen['why']})", "run": "eval-heldout-adapter",
+                                         "train_s": rep["stages"]["3. SFT (LoRA)"]["seconds"] + (0.0 if sft_final else
+                                         rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0))}]
+        return _fill(points, out)
     fracs = fracs_sft if fracs_sft is not None else ((1 / 3, 2 / 3) if sft_final else (1 / 2,))
     picks = sorted({min(ckpts, key=lambda c: abs(c[0] - total * f)) for f in fracs}, key=lambda c: c[0])
     points = []
@@ -92,6 +97,11 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | No
         points.append({"point": f"SFT {total}/{total} steps", "train_s": sft_s, "run": "eval-heldout-sft-final"})
     points.append({"point": f"shipped ({chosen['why']})", "train_s": sft_s + (0.0 if sft_final else rl_s),
                    "run": "eval-heldout-adapter"})
+    return _fill(points, out)
+
+
+def _fill(points: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """Each point's paired comparison with the base, p values Holm-corrected over the points."""
     for p in points:
         t = paired_table(out / "eval-heldout-base", out / p["run"])
         p.update({k: t[k] for k in ("tasks", "gain_points", "mcnemar_p", "gained", "lost")},
@@ -161,7 +171,8 @@ def main() -> None:
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--general-tasks", type=int, default=50, help="validation-split tasks of the regression check")
     ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
-                    "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point)")
+                    "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point; 'off': the shipped adapter "
+                         "alone, not even the SFT adapter when RL's shipped)")
     ap.add_argument("--sft-share", default="0.6", help="share of --minutes SFT may use, or 'none' (all its epochs)")
     ap.add_argument("--verify-edits", type=int, default=8,
                     help="evaluations: attempts per edit turn checked against the request's failing tests' files "
@@ -176,7 +187,8 @@ def main() -> None:
                            seed=a.seed, backend=a.backend, general_tasks=a.general_tasks,
                            sft_share=None if a.sft_share == "none" else float(a.sft_share),
                            verify_edits=a.verify_edits or None)
-    fracs = None if a.curve is None else tuple(float(x) for x in a.curve.split(",") if x) if a.curve != "none" else ()
+    fracs: Any = (None if a.curve is None else "off" if a.curve == "off" else ()
+                  if a.curve == "none" else tuple(float(x) for x in a.curve.split(",") if x))
     with PeakMemory() as mem:
         rep = run_specialise(cfg)
         sp = Specialise(cfg)  # the same run directory: every stage reads back
