@@ -100,14 +100,14 @@ def manifest_model_sha256(out: str | Path) -> str | None:
     return json.loads(path.read_text()).get("model_sha256") if path.is_file() else None
 
 
-def harness_changes(out: Path, harness: Any = None) -> list[str]:
+def harness_changes(out: Path, harness: Any) -> list[str]:
     """The harness fields whose values differ between the run recorded in `out` and `harness`
-    (a HarnessConfig; default: the one being written, read from the caller's manifest). A
-    field the recorded run predates counts only when the new value is not its default."""
+    (a HarnessConfig). A field the recorded run predates counts as it behaved then: its default,
+    or `_LEGACY_HARNESS`'s value."""
     from etude.harness import HarnessConfig
 
     path = out / MANIFEST
-    if harness is None or not path.is_file():
+    if not path.is_file():
         return []
     old = (json.loads(path.read_text()).get("config") or {}).get("harness")
     if not isinstance(old, dict):

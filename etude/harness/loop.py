@@ -101,6 +101,7 @@ class _Episode:
         self.complete = False
         self.meta: dict[str, Any] = {"request": request, "native_tools": self.native}
         self.verify_ids = verify.named_tests(request) if cfg.verify_edits > 1 else ()
+        self.verify_targets = verify.check_targets(self.verify_ids, cfg.verify_scope)
         self.prompt_tokens = self.completion_tokens = self.context_tokens = 0
         self.token_sources: set[str] = set()
         self.diff = ""
@@ -157,8 +158,7 @@ class _Episode:
 
     def _check(self, snap: verify.Snapshot) -> tuple[bool, str]:
         snap.drop_bytecode()
-        targets = verify.check_targets(self.verify_ids, self.cfg.verify_scope)
-        cmd = f"{self.cfg.verify_command} {' '.join(shlex.quote(t) for t in targets)}"
+        cmd = f"{self.cfg.verify_command} {' '.join(shlex.quote(t) for t in self.verify_targets)}"
         res = _call_tool("run_terminal", {"command": cmd}, self.ctx)
         return verify.passed(res), res.output or res.error or ""
 
@@ -175,7 +175,7 @@ class _Episode:
         if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
             return first  # nothing changed: the model sees its errors
         record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids),
-                                  "ran": list(verify.check_targets(self.verify_ids, self.cfg.verify_scope)),
+                                  "ran": list(self.verify_targets),
                                   "attempts": []}
         attempts = record["attempts"]
         self.meta.setdefault("verified_edits", []).append(record)
@@ -290,12 +290,8 @@ class _Episode:
         return None
 
     def _count_tokens(self, gen: Generation) -> None:
-        if gen.token_ids or gen.prompt_token_ids:
-            p, c, src = len(gen.prompt_token_ids), len(gen.token_ids), "ids"
-        elif getattr(gen, "prompt_tokens", None) is not None and getattr(gen, "completion_tokens", None) is not None:
-            p, c, src = int(gen.prompt_tokens), int(gen.completion_tokens), "usage"  # type: ignore[attr-defined]
-        else:
-            p, c, src = _estimate(sum(_message_chars(m) for m in self.messages)), _estimate(len(gen.text)), "estimated"
+        p, c, src = _measured(gen) or (
+            _estimate(sum(_message_chars(m) for m in self.messages)), _estimate(len(gen.text)), "estimated")
         self.prompt_tokens += p
         self.completion_tokens += c
         self.context_tokens = p + c
@@ -397,12 +393,19 @@ def _message_chars(m: Message) -> int:
     return len(m.content) + sum(len(c.name) + len(str(c.arguments)) for c in m.tool_calls)
 
 
-def _context_of(gen: Generation, fallback: int) -> int:
-    """The conversation's length after `gen` (prompt + completion), from its token ids or usage."""
+def _measured(gen: Generation) -> tuple[int, int, str] | None:
+    """(prompt, completion, source) tokens of `gen` from its token ids, else its reported usage;
+    None when it has neither."""
     if gen.token_ids or gen.prompt_token_ids:
-        return len(gen.prompt_token_ids) + len(gen.token_ids)
+        return len(gen.prompt_token_ids), len(gen.token_ids), "ids"
     p, c = getattr(gen, "prompt_tokens", None), getattr(gen, "completion_tokens", None)
-    return int(p) + int(c) if p is not None and c is not None else fallback
+    return (int(p), int(c), "usage") if p is not None and c is not None else None
+
+
+def _context_of(gen: Generation, fallback: int) -> int:
+    """The conversation's length after `gen` (prompt + completion), or `fallback` when unmeasured."""
+    m = _measured(gen)
+    return m[0] + m[1] if m else fallback
 
 
 def _estimate(chars: int) -> int:

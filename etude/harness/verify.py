@@ -82,10 +82,8 @@ class Snapshot:
                 real = resolve(self.workspace, p)
                 if real in self.files:
                     continue
-                if real.is_file() and not real.is_symlink():
-                    self.files[real] = read_bytes(self.root, real, MAX_SNAPSHOT_BYTES)
-                elif not os.path.lexists(real):
-                    self.files[real] = None
+                if (data := self._regular_bytes(real)) is not None or not os.path.lexists(real):
+                    self.files[real] = data
             except (ToolError, OSError, ValueError):
                 continue
 
@@ -95,10 +93,14 @@ class Snapshot:
         out: dict[Path, bytes | None] = {}
         for p in self.files:
             try:
-                out[p] = read_bytes(self.root, p, MAX_SNAPSHOT_BYTES) if p.is_file() and not p.is_symlink() else None
+                out[p] = self._regular_bytes(p)
             except (ToolError, OSError):
                 out[p] = None
         return out
+
+    def _regular_bytes(self, real: Path) -> bytes | None:
+        """The bytes of `real` when it is a regular file (not a symlink), else None."""
+        return read_bytes(self.root, real, MAX_SNAPSHOT_BYTES) if real.is_file() and not real.is_symlink() else None
 
     def restore(self, state: dict[Path, bytes | None] | None = None) -> list[str]:
         """Put every remembered file back as it was (or as `state` has it), then drop their
