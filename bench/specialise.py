@@ -68,16 +68,17 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | st
     total = ckpts[-1][0]
     chosen = json.loads((out / "state.json").read_text())["stages"]["5. choose"]["result"]
     sft_final = str(Path(chosen["from"])) == str(Path(sp.stages.result("3. SFT (LoRA)")["adapter"]))
+    sft_s = rep["stages"]["3. SFT (LoRA)"]["seconds"]
+    rl_s = rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0)
+    shipped = {"point": f"shipped ({chosen['why']})", "train_s": sft_s + (0.0 if sft_final else rl_s),
+               "run": "eval-heldout-adapter"}
+    if fracs_sft == "off":  # the shipped adapter alone: no earlier checkpoint is evaluated
+        return _fill([shipped], out)
     # three budgets at least: SFT at 1/3 and 2/3 when the SFT adapter shipped, else SFT at 1/2,
     # SFT final and the RL adapter
-    if fracs_sft == "off":  # the shipped adapter alone: no earlier checkpoint is evaluated
-        points: list[dict[str, Any]] = [{"point": f"shipped ({chosen['why']})", "run": "eval-heldout-adapter",
-                                         "train_s": rep["stages"]["3. SFT (LoRA)"]["seconds"] + (0.0 if sft_final else
-                                         rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0))}]
-        return _fill(points, out)
     fracs = fracs_sft if fracs_sft is not None else ((1 / 3, 2 / 3) if sft_final else (1 / 2,))
     picks = sorted({min(ckpts, key=lambda c: abs(c[0] - total * f)) for f in fracs}, key=lambda c: c[0])
-    points = []
+    points: list[dict[str, Any]] = []
     for step, path, secs in picks:
         if step == total:
             continue
@@ -86,8 +87,6 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | st
         sp.stages.run(f"curve: SFT step {step}", lambda m=merged, n=name: sp.evaluate(
             out / "tasks" / "heldout.jsonl", str(m), n), uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {step}/{total} steps", "train_s": secs, "run": name})
-    sft_s = rep["stages"]["3. SFT (LoRA)"]["seconds"]
-    rl_s = rep["stages"].get("4. RL on the edit turn", {}).get("seconds", 0.0)
     if not sft_final:  # the SFT adapter itself is a point of its own when RL's adapter shipped
         merged = out / "merged-sft"
         merge_adapter_dir(sp.stages.result("3. SFT (LoRA)")["adapter"], sp.base, merged)
@@ -95,8 +94,7 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | st
                                                               "eval-heldout-sft-final"),
                       uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {total}/{total} steps", "train_s": sft_s, "run": "eval-heldout-sft-final"})
-    points.append({"point": f"shipped ({chosen['why']})", "train_s": sft_s + (0.0 if sft_final else rl_s),
-                   "run": "eval-heldout-adapter"})
+    points.append(shipped)
     return _fill(points, out)
 
 
