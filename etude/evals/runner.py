@@ -40,6 +40,7 @@ from etude.evals.raypool import RayEpisodes
 from etude.evals.records import ResultsWriter, atomic_write, read_records
 from etude.evals.report import write_report
 from etude.evals.summary import summarise
+from etude.harness import HarnessConfig
 from etude.paths import dir_sha256
 from etude.policy import check_backend
 from etude.tasks import builtin_suite, load_tasks, save_tasks
@@ -104,8 +105,6 @@ def harness_changes(out: Path, harness: Any) -> list[str]:
     """The harness fields whose values differ between the run recorded in `out` and `harness`
     (a HarnessConfig). A field the recorded run predates counts as it behaved then: its default,
     or `_LEGACY_HARNESS`'s value."""
-    from etude.harness import HarnessConfig
-
     path = out / MANIFEST
     if not path.is_file():
         return []
