@@ -4,8 +4,10 @@ this one; never the held-out functions).
 
 Evaluates the run's base and its adapter (RUN/merged) on RUN/tasks/select.jsonl with one greedy
 attempt per edit turn and with `--verify-edits K` attempts (HarnessConfig.verify_edits: an edit
-turn that leaves the request's failing test failing is undone and sampled again), in sandboxes,
-as `etude specialise` evaluates. Four arms, paired by task.
+turn that leaves the request's failing test failing is undone and sampled again), the latter
+without and with `verify_unapplied` (an edit turn whose edits were all refused is sampled again
+too), in sandboxes, as `etude specialise` evaluates. Six arms, paired by task; `meta.attempts`
+counts how each arm's verified attempts ended.
 
     python bench/specialise_select.py --run runs/bench_specialise [--verify-edits 8]
 
@@ -18,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from etude.evals import EvalConfig, run_eval
@@ -28,6 +31,18 @@ from etude.provenance import provenance
 from etude.train.sft import load_sft_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def attempt_outcomes(out: Path) -> dict[str, int]:
+    """How the verified edit attempts of an evaluation ended (meta.verified_edits of its
+    trajectories), and how many edit turns were verified."""
+    counts: Counter[str] = Counter()
+    for path in sorted((out / "trajectories").glob("*.jsonl")):
+        lines = path.read_text().splitlines()
+        for rec in json.loads(lines[-1]).get("meta", {}).get("verified_edits", []) if lines else []:
+            counts["turns"] += 1
+            counts.update(a["outcome"].split(":")[0] for a in rec["attempts"])
+    return dict(sorted(counts.items()))
 
 
 def main() -> None:
@@ -50,24 +65,32 @@ def main() -> None:
     h0 = dataclasses.replace(load_sft_config(a.agent_config).harness_config(), temperature=0.0)
     arms: dict[str, Path] = {}
     stages: dict[str, dict[str, float]] = {}
-    for k in (0, a.verify_edits):
+    k = a.verify_edits
+    settings = {"verify0": (0, False), f"verify{k}": (k, False), f"verify{k}-unapplied": (k, True)}
+    for setting, (edits, unapplied) in settings.items():
         for name, model in models.items():
-            arm = f"{name}-verify{k}"
+            arm = f"{name}-{setting}"
             d = run / "select-eval" / arm
             t = time.monotonic()
-            cfg = EvalConfig(workers=a.workers, harness=h0.replace(verify_edits=k), bootstrap=200,
-                             backend=resolve_backend(a.backend))
+            h = h0.replace(verify_edits=edits, verify_unapplied=unapplied)
+            cfg = EvalConfig(workers=a.workers, harness=h, bootstrap=200, backend=resolve_backend(a.backend))
             run_eval(run / "tasks" / "select.jsonl", model, d, cfg, fresh_for_new_weights=True)
             stages[arm] = {"seconds": round(time.monotonic() - t, 1)}
             arms[arm] = d
-    k = a.verify_edits
+    v, u = f"verify{k}", f"verify{k}-unapplied"
     figures = {**paired_figures("greedy", "base-verify0", "adapter-verify0"),
-               **paired_figures(f"verify{k}", f"base-verify{k}", f"adapter-verify{k}"),
-               **paired_figures("base", "base-verify0", f"base-verify{k}"),
-               **paired_figures("adapter", "adapter-verify0", f"adapter-verify{k}")}
+               **paired_figures(v, f"base-{v}", f"adapter-{v}"),
+               **paired_figures(u, f"base-{u}", f"adapter-{u}"),
+               **paired_figures("base", "base-verify0", f"base-{v}"),
+               **paired_figures("adapter", "adapter-verify0", f"adapter-{v}"),
+               **paired_figures("unapplied.base", f"base-{v}", f"base-{u}"),
+               **paired_figures("unapplied.adapter", f"adapter-{v}", f"adapter-{u}")}
     meta = {"what": "select slice of an etude specialise run (train-side functions kept out of training): "
-                    f"base and adapter, one greedy attempt vs up to {k} verified attempts per edit turn",
-            "run": str(run), "models": models, "verify_edits": k, "verify_scope": h0.verify_scope}
+                    f"base and adapter, one greedy attempt vs up to {k} verified attempts per edit turn, "
+                    "the latter without and with re-sampling an edit turn whose edits were all refused "
+                    "(HarnessConfig.verify_unapplied)",
+            "run": str(run), "models": models, "verify_edits": k, "verify_scope": h0.verify_scope,
+            "attempts": {arm: attempt_outcomes(d) for arm, d in arms.items()}}
     write_result(Path(a.out), figures, eval_records(arms), provenance(started=t0, stages=stages), meta=meta)
     doc = json.loads(Path(a.out).read_text())
     print(json.dumps({n: {f: v.get(f) for f in ("a_k", "b_k", "n", "p")} for n, v in doc["figures"].items()

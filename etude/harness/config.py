@@ -69,14 +69,15 @@ class HarnessConfig:
     """Verified edits, for requests that name failing tests (pytest ids such as
     `tests/t.py::test_x`, read from the request's text): after a turn that changes files (only
     edits, writes and read-only calls, none writing the named test files or a conftest.py, at
-    least one edit applied), the harness runs `verify_command` with those ids in the workspace;
-    when they still fail, it puts the files back and samples that turn again at
-    `verify_temperature`, up to `verify_edits` attempts in all (and within `time_limit_s`),
-    keeping the first whose tests pass. When none passes, the first attempt stands, its files as
-    it left them (folders a rejected write created, and the checks' .pytest_cache, stay). Every attempt is
-    recorded in `meta.verified_edits` (reply, whether its tests passed, the command's output
-    tail). 0 or 1: off. For evaluation and serving, where a user's request names the failing
-    test; keep it off for RL rollouts (a kept turn was chosen by the test, not sampled from the
+    least one edit applied; see `verify_unapplied` for a turn whose edits were all refused),
+    the harness runs `verify_command` with those ids in the workspace; when they still fail, it
+    puts the files back and samples that turn again at `verify_temperature`, up to
+    `verify_edits` attempts in all (and within `time_limit_s`), keeping the first whose tests
+    pass. When none passes, the first attempt stands, its files as it left them (folders a
+    rejected write created, and the checks' .pytest_cache, stay). Every attempt is recorded in
+    `meta.verified_edits` (reply, whether its tests passed, the command's output tail). 0 or
+    1: off. For evaluation and serving, where a user's request names the failing test; keep it
+    off for RL rollouts (a kept turn was chosen by the test, not sampled from the
     policy alone)."""
     verify_temperature: float = 1.0
     """Sampling temperature of the second and later attempts of a verified edit."""
@@ -86,6 +87,14 @@ class HarnessConfig:
     """What a verified edit's check runs: "files", every test in the files that hold the named
     tests (a fix that makes the named test pass while breaking its neighbours is rejected: a
     request often names one of several tests the bug fails), or "tests", the named tests alone."""
+    verify_unapplied: bool = True
+    """With verified edits on: an edit turn whose every edit was refused (old_str not in the
+    file, the same as new_str, ...) is sampled again too, like one whose tests still fail; when
+    no later attempt passes, the refused first attempt stands and the model sees its errors.
+    False: such a turn is not verified (the model retries on its next turn, if it has one). On
+    the select slice of acme (bench/specialise_select.py), 16 of the specialised SmolLM2's 23
+    edit turns were refused outright (old_str not found or a no-op), so without this most edit
+    turns never got a second attempt."""
     tools_config: ToolsConfig = field(default_factory=ToolsConfig)
     """Limits of the tools (output sizes, run_terminal's default and largest timeout, the
     semantic_search config); `run_agent` hands it to every tool call. A TOML table

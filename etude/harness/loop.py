@@ -172,17 +172,22 @@ class _Episode:
         snap.add(verify.written_paths(calls))
         execs, submitted = self._execute(calls)
         first = (gen, calls, [], assistant, execs, submitted)
-        if not any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS):
+        applied = any(x.result.ok for x in execs if x.call.name in verify.WRITING_TOOLS)
+        if not applied and not self.cfg.verify_unapplied:
             return first  # nothing changed: the model sees its errors
         record: dict[str, Any] = {"turn": len(self.turns), "tests": list(self.verify_ids),
                                   "ran": list(self.verify_targets),
                                   "attempts": []}
         attempts = record["attempts"]
         self.meta.setdefault("verified_edits", []).append(record)
-        ok, out = self._check(snap)
-        attempts.append(verify.attempt_record(gen.text, "passed" if ok else "failed", out))
-        if ok:
-            return first
+        if applied:
+            ok, out = self._check(snap)
+            attempts.append(verify.attempt_record(gen.text, "passed" if ok else "failed", out))
+            if ok:
+                return first
+        else:
+            ok = False  # every edit refused: the files are as they were, the tests as they failed
+            attempts.append(verify.attempt_record(gen.text, "not applied"))
         first_state = snap.current()
         kept = first
         try:

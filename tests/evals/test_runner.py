@@ -120,11 +120,13 @@ def test_a_resume_under_another_harness_is_refused_or_started_over(tmp_path):
     del man["config"]["harness"]["verify_temperature"]  # a run from before the field
     (out / "run.json").write_text(json.dumps(man))
     del man["config"]["harness"]["verify_scope"]  # checked the named ids alone, before the field
+    del man["config"]["harness"]["verify_unapplied"]  # never re-sampled a refused edit, before the field
     (out / "run.json").write_text(json.dumps(man))
-    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, verify_scope="tests")) == []
-    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8)) == ["verify_scope"]
+    legacy = {"verify_scope": "tests", "verify_unapplied": False}
+    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, **legacy)) == []
+    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8)) == ["verify_scope", "verify_unapplied"]
     assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, verify_temperature=0.5,
-                                              verify_scope="tests")) == ["verify_temperature"]
+                                              **legacy)) == ["verify_temperature"]
     man["config"]["harness"]["verify_edits"] = 0  # verification off on both sides: its fields do not matter
     (out / "run.json").write_text(json.dumps(man))
     assert harness_changes(out, HarnessConfig(max_steps=4, verify_temperature=0.5)) == []

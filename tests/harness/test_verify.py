@@ -82,10 +82,35 @@ def test_off_without_named_tests_or_with_commands(ctx, ws):
     assert "verified_edits" not in t.meta and (ws / "pkg" / "a.py").read_text().endswith("return 3\n")
 
 
-def test_an_edit_that_does_not_apply_is_the_models_to_see(ctx, ws):
+def test_an_edit_that_does_not_apply_is_sampled_again(ctx, ws):
+    bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
+    noop = call("edit_file", path="pkg/a.py", old_str="return 1", new_str="return 1")
+    pol = ScriptedPolicy([bad, noop, fix(2), "Done."])
+    t = run_agent(pol, REQUEST, ctx, cfg(4))
+    rec = t.meta["verified_edits"]
+    assert len(rec) == 1 and rec[0]["turn"] == 0 and rec[0]["kept"] == 2
+    assert [a["outcome"] for a in rec[0]["attempts"]] == ["not applied", "not applied", "passed"]
+    assert (ws / "pkg" / "a.py").read_text().endswith("return 2\n") and t.turns[0].broken_calls == 0
+    assert len(t.turns) == 2 and t.final_message == "Done."
+
+
+def test_a_refused_edit_stands_when_no_attempt_passes(ctx, ws):
+    bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
+    pol = ScriptedPolicy([bad, fix(3), fix(2), "Done."])
+    t = run_agent(pol, REQUEST, ctx, cfg(2))
+    rec = t.meta["verified_edits"]
+    assert [a["outcome"] for a in rec[0]["attempts"]] == ["not applied", "failed"] and rec[0]["kept"] == 0
+    assert t.turns[0].broken_calls == 1  # the refusal reached the model as an observation
+    assert "return 9" in json.dumps(t.turns[0].tool_executions[0].call.arguments)
+    # the failed second attempt was undone; the model's next turn (fix(2)) is checked on its own
+    assert (ws / "pkg" / "a.py").read_text().endswith("return 2\n")
+    assert [r["turn"] for r in rec] == [0, 1] and rec[1]["attempts"][0]["outcome"] == "passed"
+
+
+def test_with_verify_unapplied_off_a_refused_edit_is_the_models_to_see(ctx, ws):
     bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
     pol = ScriptedPolicy([bad, fix(2), "Done."])
-    t = run_agent(pol, REQUEST, ctx, cfg(4))
+    t = run_agent(pol, REQUEST, ctx, cfg(4).replace(verify_unapplied=False))
     assert t.turns[0].broken_calls == 1  # the error reached the model as an observation
     assert [len(r["attempts"]) for r in t.meta["verified_edits"]] == [1]  # only turn 1 was checked
     assert t.meta["verified_edits"][0]["turn"] == 1
