@@ -1,7 +1,9 @@
 """Where a figure came from: the record every result file carries (`provenance`).
 
 `provenance(seeds=..., started=..., stages=...)` gives the git commit and whether the tree was
-dirty, the command line, the seeds, the machine (CPU, cores, memory, Python, torch), start and
+dirty (tracked files other than bench/results/, which holds what the benchmarks themselves
+write: a bench that rewrites its plot before it takes its provenance is not "dirty" for it; a
+dirty tree lists its changed paths in `git_dirty_paths`), the command line, the seeds, the machine (CPU, cores, memory, Python, torch), start and
 end times, and per stage its seconds and whether this invocation resumed it (a resumed stage's
 seconds are those of the run that did the work).
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "bench/results"  # what benchmarks write (results, records, plots): never counts as a dirty tree
 
 
 def _git(*args: str) -> str | None:
@@ -54,10 +57,12 @@ def machine() -> dict[str, Any]:
 
 def provenance(*, seeds: dict[str, Any] | None = None, started: float | None = None,
                stages: dict[str, Any] | None = None, argv: list[str] | None = None) -> dict[str, Any]:
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("diff", "--name-only", "HEAD", "--", ".", f":(exclude){RESULTS}")  # staged or not
+    changed = status.splitlines() if status else []
     return {
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(status) if status is not None else None,
+        "git_dirty": bool(changed) if status is not None else None,
+        **({"git_dirty_paths": changed[:50]} if changed else {}),
         "command": " ".join(argv if argv is not None else sys.argv),
         "seeds": seeds or {},
         "machine": machine(),
