@@ -65,10 +65,15 @@ class EvalSetup:
     executor: str = "ray"
     bootstrap: int = 500
     report: bool = True
+    max_tasks: int | None = None
+    fresh_for_new_weights: bool = False
+    """A stage that runs because its inputs changed: an evaluation its folder holds of other
+    weights or another harness is started over, not refused (run_eval's argument)."""
 
     def config(self) -> EvalConfig:
         return EvalConfig(workers=self.workers, executor=self.executor, harness=self.harness,
-                          bootstrap=self.bootstrap, backend=self.backend, report=self.report)
+                          bootstrap=self.bootstrap, backend=self.backend, report=self.report,
+                          max_tasks=self.max_tasks)
 
 
 def eval_harness(agent_config: str | Path, temperature: float = 0.0) -> HarnessConfig:
@@ -79,7 +84,7 @@ def eval_harness(agent_config: str | Path, temperature: float = 0.0) -> HarnessC
 
 def evaluate(suite: str | Path, model: str, out: Path, setup: EvalSetup) -> tuple[dict[str, Any], str]:
     """`etude eval` of `model` on `suite` into `out`: its summary and a one-line account."""
-    s = run_eval(suite, model, out, setup.config())
+    s = run_eval(suite, model, out, setup.config(), fresh_for_new_weights=setup.fresh_for_new_weights)
     r = s["correctness"]["resolved_rate"]
     vc = (s.get("behaviour") or {}).get("valid_call_rate") or {}
     valid = f", valid calls {vc['mean']:.0%}" if vc.get("mean") is not None else ""

@@ -41,10 +41,11 @@ from typing import Any
 from rich.console import Console
 
 from etude.errors import EtudeError
-from etude.evals import EvalConfig, run_eval
 from etude.evals.runner import resolve_suite
 from etude.paths import home
 from etude.pipeline.compare import paired_table
+from etude.pipeline.learning import EvalSetup, eval_harness
+from etude.pipeline.learning import evaluate as learning_evaluate
 from etude.pipeline.report import write_specialise_report
 from etude.pipeline.split import FunctionSplit, check_disjoint, split_by_function, touched_functions
 from etude.pipeline.stages import Stages
@@ -405,16 +406,12 @@ class Specialise:
 
     # -- 6. evaluations
     def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
-
-        h = dataclasses.replace(load_sft_config(self.cfg.agent_config).harness_config(), temperature=0.0,
-                                verify_edits=self.cfg.verify_edits or 0)
-        ecfg = EvalConfig(workers=self.workers, harness=h, bootstrap=200, backend=self.backend, max_tasks=max_tasks)
+        h = eval_harness(self.cfg.agent_config).replace(verify_edits=self.cfg.verify_edits or 0)
         # this stage runs because its inputs changed: an evaluation left in its folder by another
         # model (OUT/merged is rewritten when another adapter is chosen) is not resumed
-        s = run_eval(suite, model, self.out / name, ecfg, fresh_for_new_weights=True)
-        r = s["correctness"]["resolved_rate"]
-        return {"dir": str(self.out / name), "resolved_rate": r["mean"]}, (
-            f"resolved {r['mean']:.0%} of {s.get('tasks', '?')} tasks ({name})")
+        setup = EvalSetup(h, self.workers, self.backend, bootstrap=200, max_tasks=max_tasks, fresh_for_new_weights=True)
+        s, line = learning_evaluate(suite, model, self.out / name, setup)
+        return {"dir": str(self.out / name), "resolved_rate": s["correctness"]["resolved_rate"]["mean"]}, f"{line}, {name}"
 
     def general_suite(self) -> Path:
 

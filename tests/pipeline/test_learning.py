@@ -40,7 +40,7 @@ class Engines:
         self.calls: Counter[str] = Counter()
         self.eval_cfgs: dict[str, object] = {}
 
-    def run_eval(self, suite, model, out, cfg):
+    def run_eval(self, suite, model, out, cfg, fresh_for_new_weights=False):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.calls[out.name] += 1
