@@ -79,8 +79,10 @@ leaves 30 of a 60-task held-out split for the confirmation, and sets three thing
 - the loop's server runs on `--backend` (`[server] backend`; "auto": vLLM when it is installed in
   this Python, e.g. .venv-vllm, else transformers, etude.policy.resolve_backend). On vLLM every
   request goes to the engine as it arrives (no max_batch cap); on transformers the batcher
-  generates up to `[server] max_batch` (16) together. `--backend` also sets the confirmation's
-  engine; the eval gate runs on transformers either way (`gate_eval_config` sets no engine);
+  generates up to `[server] max_batch` (16) together. `--backend` also sets the engine of the
+  eval gate (`[eval] backend`) and of the confirmation (a first run with the gate on
+  transformers did one gate episode in 453 s with 8 in flight, about 56 s an episode: the gate
+  alone would have taken about an hour);
 - the simulated users open `--concurrency` (default 16) sessions at once (`[traffic]
   concurrency`): a round's 16 sessions are all in flight together;
 - they run on threads (`[traffic] executor = "threads"`): a local Ray gives each session a
@@ -116,7 +118,7 @@ bench/specialise's held-out evaluations (574 s for 60 tasks with 8 in flight):
 - traffic: 16 sessions a phase, 3 phases in (c) and (b), 1 in (a) when it is gate-only: 112
   sessions, 7-14 minutes (28 at 4 a minute);
 - the gate: 16 production episodes (cached for the three cycles) + 3 x 16 candidate episodes on
-  transformers, 1 in flight, about 16 minutes;
+  `--backend`, 8 in flight, with verified edits (about 10 s an episode on vLLM: 11 minutes);
 - the clarifier: 16 SFT steps of 4 prompts of about 1k tokens, 5-10 minutes;
 - the confirmation: 2 x 30 episodes, 8 in flight, about 10 minutes;
 - a vLLM engine start per cycle (about 30 s on an idle machine, minutes on a busy one), merges and
@@ -204,7 +206,7 @@ def org_config(loop: LoopConfig, sizes: Sizes, *, org: str, base: str, root: Pat
     """Org A's cycle config: `loop` (sizes.loop_config) with production = `base`, its root and store
     under `root`, `users` users sending `sizes.user_tasks` request tasks, `concurrency` of their
     sessions in flight (None: sizes', else the config's) on `sizes.executor`, the loop's server on
-    `backend`, and a gate of `sizes.gate_tasks` tasks, `sizes.workers` in flight, run with
+    `backend`, and a gate of `sizes.gate_tasks` tasks on `backend`, `sizes.workers` in flight, run with
     `gate_harness` (a HarnessConfig; None: the config's) and `verify_edits`; then `for_org(org)`."""
     t = loop.traffic
     traffic = replace(t, users=users, max_tasks=sizes.user_tasks, concurrency=concurrency or sizes.concurrency
@@ -213,7 +215,7 @@ def org_config(loop: LoopConfig, sizes: Sizes, *, org: str, base: str, root: Pat
                   server=replace(loop.server, backend=backend),
                   eval=replace(loop.eval, max_tasks=sizes.gate_tasks, min_tasks=sizes.gate_tasks,
                                harness=gate_harness or loop.eval.harness, verify_edits=verify_edits,
-                               workers=max(loop.eval.workers, sizes.workers)))
+                               workers=max(loop.eval.workers, sizes.workers), backend=backend))
     return cfg.for_org(org)
 
 
@@ -749,7 +751,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
                   "first_state": bench.b_first},
         "base": bench.base, "specialise_run": str(bench.run), "specialise_heldout": bench.spec_heldout,
         "engines": {"loop server": bench.cfg_a.server.backend, "confirmation": backend,
-                    "gate": "hf (etude.loop.cycle.gate_eval_config sets no engine: EvalConfig's default)"},
+                    "gate": bench.cfg_a.eval.backend},
         "traffic": {"concurrency": bench.cfg_a.traffic.concurrency, "executor": bench.cfg_a.traffic.executor,
                     "server_backend": bench.cfg_a.server.backend, "users": bench.cfg_a.traffic.users,
                     "sessions_per_user": bench.cfg_a.traffic.sessions_per_user,

@@ -149,6 +149,12 @@ class EvalSection:
     candidate was trained with: configs/agent_sft.toml's [harness]). When given, `max_steps`,
     `max_tokens` and the users' temperature are not used: the table's values (or HarnessConfig's
     defaults) are. None: a default harness with those three."""
+    backend: str = "hf"
+    """engine of the gate's evaluations (EvalConfig.backend): "hf" (transformers) or "vllm"
+    (continuous batching; an adapter candidate is merged first, as for "hf"). On this 2-core
+    machine a SmolLM2 gate episode of the agent's 8-turn harness ran at about 56 s per episode
+    on "hf" with 8 in flight; use "vllm" where it is installed (the loop's own server engine,
+    if any, idles while the gate runs). Part of the production evaluation's cache key."""
     rule: str = "ci"
     """etude.evals.compare rule: "ci" or "point"."""
     margins: dict[str, float] | None = None
@@ -167,6 +173,8 @@ class EvalSection:
     def __post_init__(self) -> None:
         if self.verify_edits < 0:
             raise EtudeError(f"[eval] verify_edits must be 0 or more, not {self.verify_edits}")
+        if self.backend not in BACKENDS:
+            raise EtudeError(f"[eval] backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.on_inconclusive not in ("rollback", "canary"):
             raise EtudeError(f"[eval] on_inconclusive must be rollback or canary, not {self.on_inconclusive!r}")
         if self.min_tasks < 1:

@@ -143,6 +143,8 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     """Run (or resume) one cycle; returns its report (also in `cycle_dir/report.json`)."""
     if config.server.backend == "vllm":  # one line naming `make setup-vllm`, before anything is written
         require_vllm("the loop's server backend vllm ([server] backend / --backend)")
+    if config.eval.backend == "vllm":
+        require_vllm("the eval gate's backend vllm ([eval] backend)")
     if config.specialise:
         check_org(config)  # before anything is written: a bad --org leaves no trace
     # the sealed test split (etude.tasks.seal): neither users' requests nor the gate come from it
@@ -471,7 +473,8 @@ def gate_eval_config(cfg: LoopConfig, *, progress: bool = False) -> EvalConfig:
                                    temperature=cfg.traffic.temperature)
     if e.verify_edits:
         h = h.replace(verify_edits=e.verify_edits)
-    return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress, harness=h)
+    return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress, harness=h,
+                      backend=e.backend)
 
 
 def _stop_experiment(store: Any, exp_id: str | None) -> None:
@@ -543,8 +546,11 @@ def _session_summary(sessions: Any) -> dict[str, Any] | None:
 
 
 def _eval_key(cfg: LoopConfig, suite: str | None = None) -> str:
-    e = cfg.eval
-    text = json.dumps([suite or e.suite, e.max_tasks, e.max_steps, e.max_tokens, cfg.traffic.temperature])
+    """The production evaluation's cache key: the suite and everything that changes how an
+    episode runs (the gate's harness, the engine, the task count)."""
+    e = gate_eval_config(cfg)
+    text = json.dumps([suite or cfg.eval.suite, e.max_tasks, e.harness_config().to_dict(), e.backend], sort_keys=True,
+                      default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 

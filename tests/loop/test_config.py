@@ -92,3 +92,18 @@ def test_eval_harness_table_is_the_gates_harness(tmp_path: Path) -> None:
     p.write_text("[eval.harness]\nmax_stepz = 8\n")
     with pytest.raises(EtudeError, match="max_stepz"):
         LoopConfig.from_toml(p)
+
+
+def test_eval_backend_is_the_gates_engine_and_part_of_its_cache_key(tmp_path: Path) -> None:
+    from etude.loop.cycle import _eval_key, gate_eval_config
+
+    p = tmp_path / "c.toml"
+    p.write_text('[eval]\nbackend = "vllm"\n')
+    cfg = LoopConfig.from_toml(p)
+    assert gate_eval_config(cfg).backend == "vllm" and gate_eval_config(LoopConfig()).backend == "hf"
+    assert _eval_key(cfg) != _eval_key(LoopConfig())  # production evaluated on another engine is not reused
+    p.write_text("[eval]\nverify_edits = 8\n")
+    assert _eval_key(LoopConfig.from_toml(p)) != _eval_key(LoopConfig())  # nor under another harness
+    p.write_text('[eval]\nbackend = "tpu"\n')
+    with pytest.raises(EtudeError, match=r"\[eval\] backend"):
+        LoopConfig.from_toml(p)
