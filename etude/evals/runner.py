@@ -120,7 +120,7 @@ def harness_changes(out: Path, harness: Any) -> list[str]:
 
 
 # Harness fields whose behaviour before the field existed was not its default.
-_LEGACY_HARNESS = {"verify_scope": "tests", "verify_unapplied": False}
+_LEGACY_HARNESS = {"verify_scope": "tests"}
 
 
 def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg: EvalConfig) -> dict[str, Any]:

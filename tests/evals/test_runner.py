@@ -124,7 +124,8 @@ def test_a_resume_under_another_harness_is_refused_or_started_over(tmp_path):
     (out / "run.json").write_text(json.dumps(man))
     legacy = {"verify_scope": "tests", "verify_unapplied": False}
     assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, **legacy)) == []
-    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8)) == ["verify_scope", "verify_unapplied"]
+    assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, verify_unapplied=True)) == [
+        "verify_scope", "verify_unapplied"]
     assert harness_changes(out, HarnessConfig(max_steps=4, verify_edits=8, verify_temperature=0.5,
                                               **legacy)) == ["verify_temperature"]
     man["config"]["harness"]["verify_edits"] = 0  # verification off on both sides: its fields do not matter

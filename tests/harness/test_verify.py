@@ -86,7 +86,7 @@ def test_an_edit_that_does_not_apply_is_sampled_again(ctx, ws):
     bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
     noop = call("edit_file", path="pkg/a.py", old_str="return 1", new_str="return 1")
     pol = ScriptedPolicy([bad, noop, fix(2), "Done."])
-    t = run_agent(pol, REQUEST, ctx, cfg(4))
+    t = run_agent(pol, REQUEST, ctx, cfg(4).replace(verify_unapplied=True))
     rec = t.meta["verified_edits"]
     assert len(rec) == 1 and rec[0]["turn"] == 0 and rec[0]["kept"] == 2
     assert [a["outcome"] for a in rec[0]["attempts"]] == ["not applied", "not applied", "passed"]
@@ -97,7 +97,7 @@ def test_an_edit_that_does_not_apply_is_sampled_again(ctx, ws):
 def test_a_refused_edit_stands_when_no_attempt_passes(ctx, ws):
     bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
     pol = ScriptedPolicy([bad, fix(3), fix(2), "Done."])
-    t = run_agent(pol, REQUEST, ctx, cfg(2))
+    t = run_agent(pol, REQUEST, ctx, cfg(2).replace(verify_unapplied=True))
     rec = t.meta["verified_edits"]
     assert [a["outcome"] for a in rec[0]["attempts"]] == ["not applied", "failed"] and rec[0]["kept"] == 0
     assert t.turns[0].broken_calls == 1  # the refusal reached the model as an observation
@@ -107,10 +107,10 @@ def test_a_refused_edit_stands_when_no_attempt_passes(ctx, ws):
     assert [r["turn"] for r in rec] == [0, 1] and rec[1]["attempts"][0]["outcome"] == "passed"
 
 
-def test_with_verify_unapplied_off_a_refused_edit_is_the_models_to_see(ctx, ws):
+def test_by_default_a_refused_edit_is_the_models_to_see(ctx, ws):
     bad = call("edit_file", path="pkg/a.py", old_str="return 9", new_str="return 2")
     pol = ScriptedPolicy([bad, fix(2), "Done."])
-    t = run_agent(pol, REQUEST, ctx, cfg(4).replace(verify_unapplied=False))
+    t = run_agent(pol, REQUEST, ctx, cfg(4))
     assert t.turns[0].broken_calls == 1  # the error reached the model as an observation
     assert [len(r["attempts"]) for r in t.meta["verified_edits"]] == [1]  # only turn 1 was checked
     assert t.meta["verified_edits"][0]["turn"] == 1
