@@ -104,9 +104,10 @@ checks, before each cycle, against the run's split.json: requests and gate disjo
 held-out side, none a train, select or drill task, and the held-out functions disjoint from the
 train and select functions; it records the counts in the cycle's meta.
 
-Time of the default on this machine (2 cores, the server on vLLM-CPU): AN ESTIMATE, not a
-measurement; no SmolLM2 cycle of this setup has been timed here, on either engine. Inputs: 22-38 s
-per SmolLM2 agent session on transformers with 2 in flight (issue 32), about 4 sessions a minute;
+Time of the default on this machine (2 cores, the server on vLLM-CPU): measured once at 66.9
+minutes (bench/results/realtime.json, gate and confirmation on vLLM too). What follows is the
+estimate made before that run, when no SmolLM2 cycle of this setup had been timed here. Inputs:
+22-38 s per SmolLM2 agent session on transformers with 2 in flight (issue 32), about 4 sessions a minute;
 SmolLM2 generation timed once by hand on this machine (no result file): 16 sequences together at
 140 tok/s on vllm-cpu against 13-22 tok/s for one sequence on transformers; held-out eval episodes
 about 2.3x faster per episode on vLLM than on transformers (docs/agent.md). So 16 sessions in
