@@ -24,6 +24,7 @@ class ScriptedEngine:
 
     def __init__(self, fail_at_step: int | None = None):
         self.go = threading.Event()
+        self.stepping = threading.Event()  # set once a step has begun (and holds the engine lock)
         self.running: dict[str, dict] = {}
         self.counter = 0
         self.steps = 0
@@ -38,6 +39,7 @@ class ScriptedEngine:
         return [f"{ext}-a1b2c3d4"]
 
     def step(self):
+        self.stepping.set()
         self.go.wait(timeout=30)
         self.steps += 1
         if self.fail_at_step is not None and self.steps >= self.fail_at_step:
@@ -75,6 +77,7 @@ class DrivenPolicy(VLLMPolicy):
         self.llm, self.tokenizer, self.id, self.version, self.top_p = llm, FakeTokenizer(), "base", 3, 1.0
         self._limit, self._tied, self._view, self.engine_kw = 64, False, None, {}
         self._lock, self._driver, self._adapters = threading.Lock(), None, {}
+        self._driver_lock = threading.Lock()
 
 
 @pytest.fixture
@@ -107,6 +110,20 @@ def test_requests_run_together_and_each_returns_its_own_tokens(engine):
         assert g.logprobs[0] == -0.25 and g.finish_reason == "length" and (g.policy_id, g.policy_version) == ("base", 3)
     st = pol.engine_stats()
     assert st["in_flight"] == 0 and st["seqs"] / st["steps"] > 1  # the engine ran them together
+
+
+def test_a_request_is_handed_over_while_a_step_holds_the_engine(engine):
+    """submit_ids runs on the server's event loop: it must not wait for the step in progress."""
+    llm, pol = engine
+    first = pol.submit_ids([1], max_tokens=2)
+    assert llm.stepping.wait(timeout=20)  # the driver is inside a step, holding the engine lock
+    handed: list = []
+    t = threading.Thread(target=lambda: handed.append(pol.submit_ids([2], max_tokens=2)), daemon=True)
+    t.start()
+    t.join(timeout=20)  # a liveness bound, not a timing: with the engine lock it waits for `go` forever
+    assert handed and not llm.go.is_set() and not handed[0].done()
+    llm.go.set()
+    assert len(first.result(timeout=30).token_ids) == len(handed[0].result(timeout=30).token_ids) == 2
 
 
 def test_a_prompt_that_leaves_no_room_is_answered_empty_without_the_engine(engine):
