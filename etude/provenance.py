@@ -3,9 +3,10 @@
 `provenance(seeds=..., started=..., stages=...)` gives the git commit and whether the tree was
 dirty (tracked files other than bench/results/, which holds what the benchmarks themselves
 write: a bench that rewrites its plot before it takes its provenance is not "dirty" for it; a
-dirty tree lists its changed paths in `git_dirty_paths`), the command line, the seeds, the machine (CPU, cores, memory, Python, torch), start and
-end times, and per stage its seconds and whether this invocation resumed it (a resumed stage's
-seconds are those of the run that did the work).
+dirty tree lists its changed paths in `git_dirty_paths`), the command line, the seeds, the
+machine (CPU, cores, memory, Python, torch), start and end times, and per stage its seconds and
+whether this invocation resumed it (a resumed stage's seconds are those of the run that did the
+work).
 """
 
 from __future__ import annotations
