@@ -332,7 +332,7 @@ class _Cycle:
         if self.cfg.specialise:  # the org's own held-out tasks, from its repositories
             suite = str(Path(self.cfg.root) / "heldout.jsonl")
             save_tasks(org_tasks(self.cfg)[1], suite)
-        prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(self.cfg, suite)}"
+        prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(ecfg, suite)}"
         cand_dir = self.dir / "eval-candidate"
         a = run_eval(suite, self._model_dir(self.prod["path"], self.prod["name"]), prod_dir, ecfg)
         trained = self.state.stage("train")["outputs"]
@@ -545,12 +545,10 @@ def _session_summary(sessions: Any) -> dict[str, Any] | None:
             "ray_nodes": len({s["node_id"] for s in sessions if s.get("node_id")})}  # 0: they ran on threads
 
 
-def _eval_key(cfg: LoopConfig, suite: str | None = None) -> str:
-    """The production evaluation's cache key: the suite and everything that changes how an
-    episode runs (the gate's harness, the engine, the task count)."""
-    e = gate_eval_config(cfg)
-    text = json.dumps([suite or cfg.eval.suite, e.max_tasks, e.harness_config().to_dict(), e.backend], sort_keys=True,
-                      default=str)
+def _eval_key(e: EvalConfig, suite: str) -> str:
+    """The production evaluation's cache key: the suite and everything in the gate's EvalConfig
+    (`gate_eval_config`) that changes how an episode runs (its harness, engine and task count)."""
+    text = json.dumps([suite, e.max_tasks, e.harness_config().to_dict(), e.backend], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 

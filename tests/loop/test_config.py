@@ -101,9 +101,12 @@ def test_eval_backend_is_the_gates_engine_and_part_of_its_cache_key(tmp_path: Pa
     p.write_text('[eval]\nbackend = "vllm"\n')
     cfg = LoopConfig.from_toml(p)
     assert gate_eval_config(cfg).backend == "vllm" and gate_eval_config(LoopConfig()).backend == "hf"
-    assert _eval_key(cfg) != _eval_key(LoopConfig())  # production evaluated on another engine is not reused
+    def key(c: LoopConfig) -> str:
+        return _eval_key(gate_eval_config(c), c.eval.suite)
+
+    assert key(cfg) != key(LoopConfig())  # production evaluated on another engine is not reused
     p.write_text("[eval]\nverify_edits = 8\n")
-    assert _eval_key(LoopConfig.from_toml(p)) != _eval_key(LoopConfig())  # nor under another harness
+    assert key(LoopConfig.from_toml(p)) != key(LoopConfig())  # nor under another harness
     p.write_text('[eval]\nbackend = "tpu"\n')
     with pytest.raises(EtudeError, match=r"\[eval\] backend"):
         LoopConfig.from_toml(p)
