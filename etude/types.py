@@ -152,7 +152,7 @@ class Turn(_Serialisable):
         return len(self.parse_errors) + sum(1 for t in self.tool_executions if not t.result.ok)
 
 
-StopReason = Literal["answer", "submit", "max_steps", "max_tokens", "timeout", "error"]
+StopReason = Literal["answer", "submit", "max_steps", "max_tokens", "timeout", "repeating", "error"]
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,14 @@ class HarnessConfig:
     on the LoRA-SFT SmolLM2 (greedy, 118 held-out tasks) it changed nothing resolved (5/118 with
     and without, bench/results/legacy/harness_ablation.json); the model stopped repeating the last turn
     but went back to an earlier one instead."""
+    stop_on_repeats: int = 0
+    """End the episode (stop reason `repeating`) after this many turns in a row that each repeat
+    an earlier turn exactly (the `repeat_notice` test: same reply, same tool results, so nothing
+    in the workspace changed); 0: off. A model stuck in a loop otherwise spends every remaining
+    turn on it, the longest prompts of the episode. configs/agent_sft.toml sets 2, chosen on the
+    general validation split's evaluations: there no episode that 2 repeats in a row would have
+    ended edited a file afterwards, and the warm start's episodes lost 44% of their turns
+    (bench/results/stuck.json)."""
     verify_edits: int = 0
     """Verified edits, for requests that name failing tests (pytest ids such as
     `tests/t.py::test_x`, read from the request's text): after a turn that changes files (only
@@ -114,6 +122,8 @@ class HarnessConfig:
             raise EtudeError(f"tool_prompt must be compact or json, not {self.tool_prompt!r}")
         if self.tool_format not in ("auto", "openai", "hermes"):
             raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
+        if self.stop_on_repeats < 0:
+            raise EtudeError(f"stop_on_repeats must be 0 or more, not {self.stop_on_repeats}")
         if self.verify_edits < 0:
             raise EtudeError(f"verify_edits must be 0 or more, not {self.verify_edits}")
         if self.verify_scope not in ("files", "tests"):

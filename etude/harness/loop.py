@@ -8,7 +8,8 @@ Guarantees:
   answered in their own tool message. Both count in `Turn.broken_calls`.
 - A turn that repeats an earlier one exactly (same reply, same results, timings aside) is listed
   in `meta.repeated_turns`; with `HarnessConfig.repeat_notice` the model is told in that user
-  message.
+  message; with `HarnessConfig.stop_on_repeats` = k, k such turns in a row end the episode (stop
+  reason `repeating`).
 - Consecutive read-only calls of a turn run concurrently in a thread pool; edits, writes and
   commands run alone, in the order written. Results always keep the model's order.
 - With `trajectory_path`, the trajectory is rewritten after every turn and once more in a
@@ -111,6 +112,7 @@ class _Episode:
         self._pool: ThreadPoolExecutor | None = None
         self._dicts: dict[str, list[dict[str, Any]]] = {"messages": [], "turns": []}
         self._seen: dict[str, int] = {}  # a turn's reply and results -> the first turn that had them
+        self._repeat_run = 0  # repeated turns in a row, up to the last one
 
     # -- one turn
 
@@ -144,7 +146,9 @@ class _Episode:
         if errors or earlier is not None:
             self.messages.append(_notice_message(errors, earlier))
         self.turns.append(Turn(index=len(self.turns), generation=gen, tool_executions=tuple(execs), parse_errors=tuple(errors)))
-        return "submit" if submitted else None
+        if submitted:
+            return "submit"
+        return "repeating" if 0 < self.cfg.stop_on_repeats <= self._repeat_run else None
 
     # -- verified edits (HarnessConfig.verify_edits; etude.harness.verify)
 
@@ -241,7 +245,9 @@ class _Episode:
         key = json.dumps([assistant.content.strip(), calls, results, list(errors)])
         earlier = self._seen.setdefault(key, len(self.turns))
         if earlier == len(self.turns):
+            self._repeat_run = 0
             return None
+        self._repeat_run += 1
         self.meta.setdefault("repeated_turns", []).append(len(self.turns))
         return earlier if self.cfg.repeat_notice else None
 

@@ -284,6 +284,27 @@ def test_a_turn_that_repeats_an_earlier_one_is_told_so(ctx, ws):
     assert "repeated_turns" not in t2.meta
 
 
+def test_stop_on_repeats_ends_an_episode_after_k_repeated_turns_in_a_row(ctx):
+    """A model stuck on one call spends every remaining turn on it (the warm start did in 56 of 60
+    held-out episodes); `stop_on_repeats` ends the episode instead, counting repeats in a row only."""
+    grep = call("grep", pattern="def f")
+    read = call("read_file", path="pkg/a.py")
+    stuck = [grep, read, grep, read, grep, grep, "Done."]
+    t = run_agent(ScriptedPolicy(stuck), "go", ctx, HarnessConfig(stop_on_repeats=2, max_steps=10))
+    # turn 2 repeats turn 0, turn 3 turn 1 (two in a row: the rule fires after turn 3)
+    assert t.stop_reason == "repeating" and len(t.turns) == 4 and t.meta["repeated_turns"] == [2, 3]
+    t3 = run_agent(ScriptedPolicy(stuck), "go", ctx, HarnessConfig(stop_on_repeats=3, max_steps=10))
+    assert t3.stop_reason == "repeating" and len(t3.turns) == 5  # turns 2, 3, 4 repeat
+    off = run_agent(ScriptedPolicy(stuck), "go", ctx, HarnessConfig(max_steps=10))
+    assert off.stop_reason == "answer" and len(off.turns) == 7 and off.meta["repeated_turns"] == [2, 3, 4, 5]
+    # a new turn between two repeats starts the count again
+    broken_run = [grep, grep, read, grep, call("read_file", path="pkg/b.py"), "Done."]
+    t4 = run_agent(ScriptedPolicy(broken_run), "go", ctx, HarnessConfig(stop_on_repeats=2, max_steps=10))
+    assert t4.stop_reason == "answer" and t4.meta["repeated_turns"] == [1, 3]
+    with pytest.raises(EtudeError, match="stop_on_repeats"):
+        HarnessConfig(stop_on_repeats=-1)
+
+
 def test_the_repeat_notice_is_off_by_default_but_repeats_are_counted_and_it_joins_a_parse_error(ctx):
     broken = '<tool_call>{"name": "grep", "arguments": {"pattern": "x",}}</tool_call>'
     t = run_agent(ScriptedPolicy([broken, broken, "Done."]), "go", ctx, HarnessConfig(repeat_notice=True))
