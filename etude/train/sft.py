@@ -95,7 +95,9 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
 def _finished(cfg: SFTConfig, out: Path) -> dict[str, Any] | None:
     """The summary of a finished run of this very config in `out` (its final model present)."""
     try:
-        same = json.loads((out / "config.json").read_text()) == json.loads(json.dumps(cfg.to_dict()))
+        # a key the recorded run predates counts as its default (a new option does not void old runs)
+        old = {**json.loads(json.dumps(SFTConfig().to_dict())), **json.loads((out / "config.json").read_text())}
+        same = old == json.loads(json.dumps(cfg.to_dict()))
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
