@@ -30,6 +30,7 @@ from etude.configfile import parse_set
 from etude.errors import EtudeError
 from etude.evals import EvalConfig, run_eval
 from etude.harness import HarnessConfig
+from etude.pipeline.isolate import in_child
 from etude.pipeline.stages import StageFn, Stages
 from etude.tasks import save_tasks
 from etude.tasks.curriculum import build, builtin_curriculum, members
@@ -94,7 +95,7 @@ def evaluate(suite: str | Path, model: str, out: Path, setup: EvalSetup) -> tupl
 
 def warm_start(cfg: SFTConfig, out: Path) -> tuple[dict[str, Any], str]:
     """`etude sft` with `cfg` into `out`: its result (`final` is the model) and a one-line account."""
-    res = run_sft(cfg, out)
+    res = in_child(run_sft, cfg, out)  # its memory goes back to the system when it ends
     return res, (f"{res['steps']} steps on {res['trajectories'].get('expert', 0)} expert trajectories "
                  f"({res['train_tokens']} tokens), final loss {res['last'].get('loss', float('nan')):.3f}")
 
@@ -113,7 +114,7 @@ def trained_elsewhere(model: str | Path) -> tuple[dict[str, Any], str]:
 def agent_rl(cfg: TrainConfig, out: Path) -> tuple[dict[str, Any], str]:
     """`etude train` with `cfg` into `out` (GRPO over whole episodes): the last checkpoint and what
     the steps did, read from out/metrics.jsonl."""
-    res = train(cfg, out)
+    res = in_child(train, cfg, out)
     ckpt = latest_checkpoint(out) or Path(res["checkpoint"])
     recs = read_metrics(out)
     tr = [r for r in recs if r.get("kind") == "train"]

@@ -44,6 +44,7 @@ from etude.errors import EtudeError
 from etude.evals.runner import resolve_suite
 from etude.paths import home
 from etude.pipeline.compare import paired_table
+from etude.pipeline.isolate import in_child
 from etude.pipeline.learning import EvalSetup, eval_harness
 from etude.pipeline.learning import evaluate as learning_evaluate
 from etude.pipeline.report import write_specialise_report
@@ -344,7 +345,7 @@ class Specialise:
             "checkpoint_every": 5, "keep_checkpoints": 10_000, "lora.enabled": True, "lora.r": c.lora_r, "lora.alpha": c.lora_alpha,
             "sources.drill": 1.0 if n_drills else 0.0,
             **({"sources.drill_tasks": str(drills)} if n_drills else {})})
-        res = run_sft(cfg, self.out / "sft")
+        res = in_child(run_sft, cfg, self.out / "sft")  # its memory goes back to the system when it ends
         return res, (f"{res['steps']} LoRA steps on {res['trajectories'].get('expert', 0)} expert episodes and "
                      f"{res['trajectories'].get('drill', 0)} drills, final loss {res['last'].get('loss', float('nan')):.3f}")
 
@@ -367,7 +368,7 @@ class Specialise:
             "time_limit_s": seconds_left, "env.tasks_file": str(train_file),
             "env.eval_tasks_file": str(self.out / "tasks" / "select.jsonl"), "env.num_train": 100000,
             "env.num_test": 100000, "eval_problems": None}, self.backend))
-        res = train(cfg, self.out / "rl", progress=True)
+        res = in_child(train, cfg, self.out / "rl", progress=True)
         evals = [{"step": e["step"], "right_fix": e.get("eval/successes"), "reward": e.get("eval/reward")}
                  for e in res["evals"]]
         return {"steps": res["steps"], "checkpoint": res["checkpoint"], "evals": evals, "last": res["last"]}, (

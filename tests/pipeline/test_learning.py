@@ -92,6 +92,7 @@ def engines(monkeypatch):
     e = Engines()
     for name in ("run_eval", "run_sft", "train"):
         monkeypatch.setattr(learning, name, getattr(e, name))
+    monkeypatch.setattr(learning, "in_child", lambda fn, *a, **k: fn(*a, **k))  # the fakes count in this process
     monkeypatch.setattr(learning, "builtin_curriculum", _curriculum)
     monkeypatch.setattr(learning, "build", lambda specs, level, n: [_task(f"munch-{i}") for i in range(3)])
     return e
