@@ -147,6 +147,10 @@ class TrainConfig:
     weights, bf16 autocast), "fp8" (torchao FP8 row-wise linears; CUDA compute capability ≥ 8.9)
     or "mxfp8" (torchao MXFP8 linears; ≥ 10.0). fp8/mxfp8 are refused with one line where the
     hardware or torchao is missing (etude.scale.lowp)."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass (SFTConfig's option, the
+    same gradients): the learner's memory for a micro-batch is per layer instead of per
+    operation, at the cost of a second forward pass."""
     device: str = "auto"
     """Where the learner runs: "auto" (CUDA if available, else CPU), "cpu" or "cuda". Under
     `--nproc` with nccl each rank takes cuda:LOCAL_RANK."""

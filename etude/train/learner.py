@@ -38,7 +38,7 @@ from etude.train.distributed import (
     single_mesh,
     split_groups,
 )
-from etude.train.lora import load_trainable
+from etude.train.lora import enable_checkpointing, load_trainable
 from etude.train.losses import LossConfig, sample_loss
 from etude.train.optim import adamw, lr_at, optimizer_step
 from etude.train.packing import first_fit_decreasing
@@ -193,7 +193,7 @@ def packed_logprobs(model: Any, samples: Sequence[Sample], temperature: float,
     # cost) runs only on the positions whose next token is a completion token.
     with _routing(model, samples, moe_stats):
         logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
-                       attention_mask=mask, logits_to_keep=torch.tensor(keep, device=dev)).logits[0]
+                       attention_mask=mask, logits_to_keep=torch.tensor(keep, device=dev), use_cache=False).logits[0]
     logits = logits.float() if temperature == 1.0 else logits.float() / max(temperature, 1e-6)
     logp = torch.log_softmax(logits, -1)
     chosen = logp.gather(-1, torch.tensor(targets, device=dev)[:, None]).squeeze(-1)
@@ -245,6 +245,8 @@ class Learner:
         if next(model.parameters()).device != dev:
             model.to(dev)
         apply_training_precision(model, cfg.precision)
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(model)  # in train mode only: sampling from the model is unchanged
         self.rollout_model = model
         self.ref = None
         if cfg.loss.kl_coef > 0 and not cfg.lora.enabled:

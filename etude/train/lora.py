@@ -43,6 +43,20 @@ def load_trainable(model: str, cfg: LoraConfig, *, fp32: bool = False, device: A
     return (wrap_lora(m, cfg) if cfg.enabled else m), tok
 
 
+def enable_checkpointing(model: Any) -> None:
+    """Activation (gradient) checkpointing of every decoder layer of a model about to be trained,
+    non-reentrant (a LoRA model's frozen embeddings need not hand out inputs that require grad).
+    The model's config is left alone: its exported config.json keeps `use_cache`, so whoever
+    loads the trained model generates with a KV cache; training forward passes pass
+    use_cache=False themselves. transformers 5.24 renamed the method
+    (`activation_checkpointing_enable`); .venv-vllm pins 5.19, which has the old one."""
+    new = getattr(model, "activation_checkpointing_enable", None)
+    if new is not None:
+        new(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _atomic_save(out: Path, write: Any) -> Path:
     tmp = out.with_name(f".{out.name}-tmp")
     shutil.rmtree(tmp, ignore_errors=True)

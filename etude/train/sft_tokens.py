@@ -103,7 +103,7 @@ def row_loss(model: Any, seqs: Sequence[Sequence_]) -> tuple[Any, int]:
         mask = torch.tril(torch.ones(L, L, dtype=torch.bool, device=dev)) & (g[:, None] == g[None, :])
         kw["attention_mask"] = mask[None, None]
     logits = model(input_ids=torch.tensor([ids], device=dev), position_ids=torch.tensor([pos], device=dev),
-                   logits_to_keep=torch.tensor(keep, device=dev), **kw).logits[0]
+                   logits_to_keep=torch.tensor(keep, device=dev), use_cache=False, **kw).logits[0]
     target = torch.tensor([labels[i] for i in keep], device=dev)
     loss = torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum")
     return loss, len(keep)

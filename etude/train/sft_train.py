@@ -14,21 +14,9 @@ from etude.errors import EtudeError
 from etude.scale.lowp import autocast_for
 from etude.train import optim
 from etude.train.checkpoint import ckpt_root, latest_checkpoint, load_checkpoint, save_checkpoint
-from etude.train.lora import load_trainable, merge_and_save, save_adapter
+from etude.train.lora import enable_checkpointing, load_trainable, merge_and_save, save_adapter
 from etude.train.sft_config import SFTConfig
 from etude.train.sft_tokens import Sequence_, pack_rows, row_loss
-
-
-def enable_checkpointing(model: Any) -> None:
-    """Activation (gradient) checkpointing of every decoder layer, non-reentrant (a LoRA model's
-    frozen embeddings need not hand out inputs that require grad). transformers 5.24 renamed the
-    method (`activation_checkpointing_enable`); .venv-vllm pins 5.19, which has the old one."""
-    new = getattr(model, "activation_checkpointing_enable", None)
-    if new is not None:
-        new(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
 
 
 def lr_at(cfg: SFTConfig, step: int, total: int) -> float:
@@ -58,7 +46,7 @@ class SFTTrainer:
         except Exception as e:  # noqa: BLE001 - a path that is not a model is the operator's error
             raise EtudeError(f"cannot load model {cfg.model!r}: {type(e).__name__}: {e}") from None
         if cfg.gradient_checkpointing:
-            enable_checkpointing(self.model)
+            enable_checkpointing(self.model)  # the forward passes of training ask for no KV cache
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = optim.adamw(self.params, cfg.lr, cfg.weight_decay)
