@@ -70,9 +70,9 @@ class HarnessConfig:
     an earlier turn exactly (the `repeat_notice` test: same reply, same tool results, so nothing
     in the workspace changed); 0: off. A model stuck in a loop otherwise spends every remaining
     turn on it, the longest prompts of the episode. configs/agent_sft.toml sets 2, chosen on the
-    general validation split's evaluations: there no episode that 2 repeats in a row would have
-    ended edited a file afterwards, and the warm start's episodes lost 44% of their turns
-    (bench/results/stuck.json)."""
+    general validation split (bench/results/stuck.json): the warm start's episodes went from 8.0
+    to 4.3 turns and their median wall time to 0.42x, and of 260 finished validation episodes
+    the 154 it would have ended edited no file after that turn and none was resolved."""
     verify_edits: int = 0
     """Verified edits, for requests that name failing tests (pytest ids such as
     `tests/t.py::test_x`, read from the request's text): after a turn that changes files (only
