@@ -29,13 +29,14 @@ from typing import Any
 from etude.evals import EvalConfig, run_eval
 from etude.evals.records import read_records
 from etude.evals.results import write_result
+from etude.harness.record import load_trajectories
+from etude.harness.verify import WRITING_TOOLS
 from etude.pipeline.compare import eval_records, paired_figures
 from etude.pipeline.learning import eval_harness
 from etude.policy import resolve_backend
 from etude.provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WRITING = ("edit_file", "write_file")
 
 
 def live_records(arms: dict[str, Path]) -> list[dict[str, Any]]:
@@ -56,10 +57,10 @@ def replay_records(run: Path, k: int) -> list[dict[str, Any]]:
     resolved = {r["instance_id"]: int(bool(r.get("resolved"))) for r in read_records(run / "results.jsonl").values()}
     out = []
     for path in sorted((run / "trajectories").glob("*.jsonl")):
-        lines = path.read_text().splitlines()
-        if not lines:
+        snapshots = load_trajectories(path)  # the file is rewritten each turn: the last one is the episode
+        if not snapshots:
             continue
-        traj = json.loads(lines[-1])
+        traj = snapshots[-1]
         turns, repeated = traj.get("turns") or [], set((traj.get("meta") or {}).get("repeated_turns") or [])
         cut, run_len = -1, 0
         for i in range(len(turns)):
@@ -68,7 +69,7 @@ def replay_records(run: Path, k: int) -> list[dict[str, Any]]:
                 cut = i
                 break
         later = turns[cut + 1:] if cut >= 0 else []
-        edit_after = any(x["call"]["name"] in WRITING and (x.get("result") or {}).get("ok")
+        edit_after = any(x["call"]["name"] in WRITING_TOOLS and (x.get("result") or {}).get("ok")
                          for t in later for x in (t.get("tool_executions") or []))
         cut_resolved = cut >= 0 and resolved.get(traj["task_id"], 0)
         out.append({"kind": "replay", "arm": f"replay:{run.parent.name}/{run.name}", "task": traj["task_id"],
