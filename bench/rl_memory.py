@@ -1,10 +1,13 @@
 """Peak memory of the specialisation's GRPO stage with and without gradient checkpointing.
 
-Runs `etude train --config configs/fix_rl.toml` (GRPO on the edit turn, LoRA continued from an
-`etude specialise` run's SFT adapter, rollouts on vLLM, as the specialisation's stage 4 runs it)
-for `--steps` steps twice, `gradient_checkpointing` false then true, each in a child process
-whose whole process tree (learner, vLLM engine and worker, sandboxes) is sampled every 0.5 s for
-its summed PSS (etude.pipeline.memory.PeakMemory).
+Runs the specialisation's stage 4 (GRPO on the edit turn, configs/fix_rl.toml, LoRA continued
+from an `etude specialise` run's SFT adapter, rollouts on vLLM; the TrainConfig is
+etude.pipeline.specialise.rl_stage_config's, without the select-slice evaluations) for `--steps`
+steps twice, `gradient_checkpointing` false then true, each in a spawned child as the stage runs
+it. The whole process tree (this process, the learner, its vLLM engine and worker, sandboxes) is
+sampled every 0.5 s for its summed PSS (etude.pipeline.memory.PeakMemory). The recorded result
+(2026-12-05) predates this shared builder: it ran `etude train --set ...` in a subprocess with the
+same settings, from a process that had not imported torch.
 
     .venv-vllm/bin/python bench/rl_memory.py --run runs/demo_s38b/specialise --base runs/demo_s38b/sft/final
 
@@ -14,8 +17,6 @@ Writes bench/results/rl_memory.json and .records.jsonl through write_result.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,19 +28,18 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def one_run(run: Path, base: str, steps: int, checkpointing: bool, out: Path) -> dict:
-    sets = {"model": base, "lora.enabled": "true", "lora.init": str(run / "sft" / "adapter"), "steps": str(steps),
-            "lr": "5e-5", "eval_every": "0", "checkpoint_every": str(steps), "rollout_backend": "vllm",
-            "use_ray": "false", "env.tasks_file": str(run / "tasks" / "rl_train.jsonl"),
-            "env.eval_tasks_file": str(run / "tasks" / "select.jsonl"), "env.num_train": "100000",
-            "env.num_test": "100000", "gradient_checkpointing": str(checkpointing).lower()}
-    cmd = [sys.executable, "-m", "etude.cli", "train", "--config", "configs/fix_rl.toml", "--out", str(out)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
+    from etude.pipeline.isolate import in_child
+    from etude.pipeline.specialise import SpecialiseConfig, rl_stage_config
+    from etude.train import train
+
+    # the stage's own configuration (etude.pipeline.specialise.rl_stage_config), without its
+    # select-slice evaluations; the learner runs in a spawned child as the stage runs it
+    cfg = rl_stage_config(SpecialiseConfig.rl_config, run, base, str(run / "sft" / "adapter"), "vllm",
+                          lr=SpecialiseConfig.rl_lr, steps=steps, seed=0, every=0,
+                          gradient_checkpointing=checkpointing)
     t = time.monotonic()
     with PeakMemory() as pm:
-        r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        raise SystemExit(f"etude train failed ({r.returncode}): {r.stderr[-500:]}")
+        in_child(train, cfg, out)
     return {"arm": "on" if checkpointing else "off", "peak_pss_gib": pm.peak_gib,
             "peak_rss_sum_gib": round(pm.peak_rss_sum_bytes / 2**30, 2), "wall_s": round(time.monotonic() - t, 1)}
 

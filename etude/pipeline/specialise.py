@@ -362,12 +362,8 @@ class Specialise:
         train_file = self.out / "tasks" / "rl_train.jsonl"
         _save(load_tasks(self.out / "tasks" / "train.jsonl") + load_tasks(self.out / "tasks" / "drills.jsonl"), train_file)
         every = max(1, steps // 2)
-        cfg = load_config(c.rl_config, with_rollout_backend({
-            "model": self.base, "lora.enabled": True, "lora.init": adapter, "lr": c.rl_lr, "steps": steps,
-            "seed": c.seed, "eval_every": every, "checkpoint_every": every, "keep_checkpoints": 4,
-            "time_limit_s": seconds_left, "env.tasks_file": str(train_file),
-            "env.eval_tasks_file": str(self.out / "tasks" / "select.jsonl"), "env.num_train": 100000,
-            "env.num_test": 100000, "eval_problems": None}, self.backend))
+        cfg = rl_stage_config(c.rl_config, self.out, self.base, adapter, self.backend, lr=c.rl_lr, steps=steps,
+                              seed=c.seed, every=every, time_limit_s=seconds_left)
         res = in_child(train, cfg, self.out / "rl", progress=True)
         evals = [{"step": e["step"], "right_fix": e.get("eval/successes"), "reward": e.get("eval/reward")}
                  for e in res["evals"]]
@@ -476,6 +472,19 @@ def _to_bf16(path: Path) -> None:
 
     tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in load_file(str(path)).items()}
     save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend: str, *, lr: float, steps: int,
+                    seed: int, every: int, time_limit_s: float | None = None, **extra: Any):
+    """The TrainConfig of stage 4 (GRPO on the edit turn, the LoRA adapter continued from
+    `adapter`) for the run in `out`, which has written tasks/rl_train.jsonl and tasks/select.jsonl;
+    `extra` are further overrides (bench/rl_memory.py turns gradient checkpointing off and on)."""
+    return load_config(rl_config, with_rollout_backend({
+        "model": base, "lora.enabled": True, "lora.init": adapter, "lr": lr, "steps": steps,
+        "seed": seed, "eval_every": every, "checkpoint_every": every or steps, "keep_checkpoints": 4,
+        "time_limit_s": time_limit_s, "env.tasks_file": str(out / "tasks" / "rl_train.jsonl"),
+        "env.eval_tasks_file": str(out / "tasks" / "select.jsonl"), "env.num_train": 100000,
+        "env.num_test": 100000, "eval_problems": None, **extra}, backend))
 
 
 # What each stage reads (config fields; with the earlier stages it names): a rerun with another

@@ -136,10 +136,10 @@ def create_app(cfg: ServeConfig, store: SQLStore, pool: PolicyPool, *, readout: 
         body = await body_of(request)
         record = await asyncio.to_thread(_feedback_record, org, body, service.followup_model())
         if record["interaction_id"] is None:  # named by session: the session's newest interaction
-            last = await asyncio.to_thread(store.last_interaction, org, record.pop("session_id"))
+            last = await asyncio.to_thread(store.last_in_session, org, record.pop("session_id"))
             if last is None:
                 raise ApiError(404, "no interaction in that session", "session_id")
-            record["interaction_id"] = last["id"]
+            record["interaction_id"] = last[0]
         record.pop("session_id", None)
         try:
             fid = await asyncio.to_thread(store.log_feedback, record)

@@ -189,12 +189,12 @@ class ChatService:
         # follow-up to that answer: I label it here and attach the verdict to that interaction.
         if not messages or messages[-1].role != "user":
             return None
-        prev = self.store.last_interaction(record["org_id"], record["session_id"])
+        prev = self.store.last_in_session(record["org_id"], record["session_id"])
         if prev is None:
             return None
-        earlier = [m["content"] for m in prev["messages"] if m["role"] == "user"]
-        label, source = classify(messages[-1].content, earlier[-1] if earlier else None, self.followup_model())
-        return len(messages) - 1, label, prev["id"], source
+        prev_id, earlier = prev
+        label, source = classify(messages[-1].content, earlier, self.followup_model())
+        return len(messages) - 1, label, prev_id, source
 
 
 def _message_dict(m: Message) -> dict[str, Any]:

@@ -257,6 +257,22 @@ class SQLStore:
             out["messages"] = self._messages(conn, [out["id"]])[out["id"]]
         return out
 
+    def last_in_session(self, org: str, session_id: str) -> tuple[str, str | None] | None:
+        """The id of a session's newest interaction and the content of its last user message (None
+        when it has none), or None for a session with no interaction: what the server's follow-up
+        detection and feedback-by-session read on every request, without decoding the row's token
+        ids and log-probs or its other messages (last_interaction returns all of them)."""
+        c, m = t.interactions.c, t.messages.c
+        q = (sa.select(c.id).where(c.org_id == org, c.session_id == session_id)
+             .order_by(c.created_at.desc(), c.id.desc()).limit(1))
+        with self.read() as conn:
+            iid = conn.execute(q).scalar_one_or_none()
+            if iid is None:
+                return None
+            content = conn.execute(sa.select(m.content).where(m.interaction_id == iid, m.role == "user")
+                                   .order_by(m.position.desc()).limit(1)).scalar_one_or_none()
+        return iid, content
+
     def count_interactions(self, org: str) -> int:
         with self.read() as conn:
             return int(conn.execute(sa.select(sa.func.count()).select_from(t.interactions)

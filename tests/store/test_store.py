@@ -88,6 +88,19 @@ def test_interactions_are_scoped_by_org_and_filtered_by_window(store):
     assert full["logprobs"] == [-0.1, -0.2] and full["prompt_tokens"] == 3 and full["messages"][0]["content"] == "hi"
 
 
+def test_last_in_session_names_the_newest_interaction_and_its_last_user_message(store):
+    msgs = [{"role": "user", "content": "fix it"}, {"role": "assistant", "content": "done"},
+            {"role": "user", "content": "still broken"}, {"role": "tool", "content": "ok"}]
+    store.log_interaction(_rec(created_at=100.0, messages=[{"role": "user", "content": "first"}]))
+    b = store.log_interaction(_rec(created_at=200.0, messages=msgs))
+    store.log_interaction(_rec(org="other", created_at=300.0))
+    store.log_interaction(_rec(created_at=400.0, session_id="s2", messages=[{"role": "system", "content": "x"}]))
+    assert store.last_in_session("acme", "s") == (b, "still broken")
+    assert store.last_in_session("acme", "s") == (store.last_interaction("acme", "s")["id"], "still broken")
+    assert store.last_in_session("acme", "s2")[1] is None  # no user message
+    assert store.last_in_session("other", "s2") is None and store.last_in_session("acme", "nope") is None
+
+
 def test_feedback_only_attaches_to_the_orgs_own_interactions(store):
     a = store.log_interaction(_rec())
     store.log_feedback({"org_id": "acme", "interaction_id": a, "kind": "accept", "value": 1})
