@@ -237,9 +237,12 @@ def _count(stats: dict[str, dict[str, int]] | None, cand: Candidate, kept: bool)
 
 
 def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthConfig | None = None,
-               progress: Progress | None = None, stats: dict[str, dict[str, int]] | None = None) -> list[Task]:  # fmt: skip
+               progress: Progress | None = None, stats: dict[str, dict[str, int]] | None = None,
+               enough: Callable[[Task], bool] | None = None) -> list[Task]:  # fmt: skip
     """Validated synthetic tasks for `package` ("NAME==VER") or a local `repo` directory. With
-    `stats`, counts of mutants tried and kept per strategy are added to it ("tried", "kept")."""
+    `stats`, counts of mutants tried and kept per strategy are added to it ("tried", "kept").
+    `enough` is called with each single bug kept; when it returns True the run stops there, so
+    its tasks are a prefix of the run without it (the curriculum builds a slice this way)."""
     cfg = cfg or SynthConfig()
     say = progress or (lambda _msg: None)
     proto, root = proto_task(package, repo, cfg.extra_deps)
@@ -258,6 +261,8 @@ def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthC
             if task is not None:
                 singles.append((cand, task))
                 seen.add(task.instance_id)
+                if enough is not None and enough(task):
+                    return [t for _, t in singles]
             if len(singles) >= cfg.max_tasks - n_combo:
                 break
     combos: list[Task] = []
