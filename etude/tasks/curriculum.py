@@ -177,19 +177,26 @@ def _restate(task: Task, level: int, root: Path) -> Task | None:
 # ---------------------------------------------------------------- building
 
 
-def _cache_file(spec: str, level: int, seed: int, n: int) -> Path:
+def _cache_file(spec: str, level: int, seed: int, n: int, first: int | None = None) -> Path:
     name, ver = parse_spec(spec)
     d = cache() / "curriculum" / CURRICULUM_VERSION
     d.mkdir(parents=True, exist_ok=True)
-    return d / f"{normalise(name)}-{ver}-L{level}-s{seed}-n{n}.jsonl"
+    return d / f"{normalise(name)}-{ver}-L{level}-s{seed}-n{n}{f'-first{first}' if first else ''}.jsonl"
 
 
 def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str | None = None,
-                       progress: Progress | None = None) -> list[Task]:
-    """Up to `n` validated tasks of `level` from one package, built once then read from cache."""
+                       progress: Progress | None = None, first: int | None = None) -> list[Task]:
+    """Up to `n` validated tasks of `level` from one package, built once then read from cache.
+    `first` (levels 1 and 2): only the first `first` of those tasks, built alone (the build stops
+    there and is cached apart), the same tasks the whole build starts with."""
     if level not in LEVELS:
         raise EtudeError(f"curriculum level must be 1, 2 or 3, not {level}")
-    f = _cache_file(spec, level, seed, n)
+    if first is not None and (level == 3 or first >= n):
+        first = None  # level 3 combines validated bugs after the singles: no prefix to stop at
+    whole = _cache_file(spec, level, seed, n)
+    if first is not None and whole.is_file():
+        return load_tasks(whole)[:first]
+    f = _cache_file(spec, level, seed, n, first)
     if f.is_file():
         return load_tasks(f)
     say = progress or (lambda _m: None)
@@ -200,12 +207,18 @@ def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str
         cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=6 * n, combine_fraction=0.75, mutators=mutators)
     else:
         cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=4 * n, combine_fraction=0.0, mutators=mutators)
-    tasks = synthesise(spec, cfg=cfg, progress=lambda m: say(f"{name}: {m}"))
+    restated: dict[str, Task | None] = {}
+
+    def enough(t: Task) -> bool:  # the first `first` tasks that survive the restatement are there
+        restated[t.instance_id] = _restate(t, level, sd.root)
+        return sum(r is not None for r in restated.values()) >= first
+
+    tasks = synthesise(spec, cfg=cfg, progress=lambda m: say(f"{name}: {m}"), enough=enough if first else None)
     if level == 3:
         tasks = [t for t in tasks if "+" in t.strategy] + _mined(name, ver, say)
     kept = [t2 for t in tasks if (t2 := _restate(t, level, sd.root)) is not None]
-    save_tasks(kept, f)
-    return kept
+    save_tasks(kept[:first] if first else kept, f)
+    return kept[:first] if first else kept
 
 
 def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Progress | None = None) -> list[Task]:
@@ -273,12 +286,13 @@ def builtin_curriculum(split: str, level: int = 1, seed: int = 0, max_tasks: int
     ms = members(split)
     if max_tasks is not None and max_tasks < len(ms):
         ms = ms[:max_tasks]  # a slice smaller than the number of packages: one task from each of the first
-    # A slice smaller than the split builds only its share of each package (cached apart), unless
-    # the full build is there already: a demo needs minutes, not the whole split.
+    # A slice smaller than the split builds only its share of each package (cached apart; a demo
+    # needs minutes, not the whole split): the first `share` tasks of the package's whole build,
+    # read from that build when it is cached, so a fresh machine gets the same tasks as one with
+    # the whole split cached.
     share = math.ceil(max_tasks / len(ms)) if max_tasks else None
-    per_pkg = [package_curriculum(m.spec, level, m.n, seed, m.sha256, progress)
-               if share is None or share >= m.n or _cache_file(m.spec, level, seed, m.n).is_file()
-               else package_curriculum(m.spec, level, share, seed, m.sha256, progress)
+    per_pkg = [package_curriculum(m.spec, level, m.n, seed, m.sha256, progress,
+                                  first=None if share is None or share >= m.n else share)
                for m in ms]
     out: list[Task] = []
     i = 0

@@ -14,10 +14,14 @@ the tests catch it and the gold patch fixes it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,10 @@ class SynthConfig:
     """Which mutators to use."""
     extra_deps: tuple[str, ...] = ()
     """Requirements the tests need beyond what the package declares."""
+    workers: int | None = None
+    """Mutants validated at once (each runs the suite in its own sandbox). None: the machine's
+    cores, at most 4. The tasks kept do not depend on it: results are taken in the candidates'
+    order, as one at a time would take them (at most workers - 1 mutants are run in vain)."""
 
 
 @dataclass(frozen=True)
@@ -229,9 +237,12 @@ def _count(stats: dict[str, dict[str, int]] | None, cand: Candidate, kept: bool)
 
 
 def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthConfig | None = None,
-               progress: Progress | None = None, stats: dict[str, dict[str, int]] | None = None) -> list[Task]:  # fmt: skip
+               progress: Progress | None = None, stats: dict[str, dict[str, int]] | None = None,
+               enough: Callable[[Task], bool] | None = None) -> list[Task]:  # fmt: skip
     """Validated synthetic tasks for `package` ("NAME==VER") or a local `repo` directory. With
-    `stats`, counts of mutants tried and kept per strategy are added to it ("tried", "kept")."""
+    `stats`, counts of mutants tried and kept per strategy are added to it ("tried", "kept").
+    `enough` is called with each single bug kept; when it returns True the run stops there, so
+    its tasks are a prefix of the run without it (the curriculum builds a slice this way)."""
     cfg = cfg or SynthConfig()
     say = progress or (lambda _msg: None)
     proto, root = proto_task(package, repo, cfg.extra_deps)
@@ -239,25 +250,54 @@ def synthesise(package: str | None = None, repo: Path | None = None, cfg: SynthC
     ref, _good = reference(proto)
     n_combo = int(cfg.max_tasks * cfg.combine_fraction) if cfg.max_tasks >= 4 else 0
     budget = cfg.max_candidates or 4 * cfg.max_tasks
+    workers = cfg.workers or min(4, os.cpu_count() or 1)
     singles: list[tuple[Candidate, Task]] = []
     seen: set[str] = set()
-    for i, cand in enumerate(candidates(root, cfg)):
-        if i >= budget or len(singles) >= cfg.max_tasks - n_combo:
-            break
-        say(f"mutant {i + 1} ({len(singles)} kept)")
-        task = evaluate(proto, ref, cand, cfg)
-        _count(stats, cand, task is not None)
-        if task is not None:
-            singles.append((cand, task))
-            seen.add(task.instance_id)
+    if cfg.max_tasks - n_combo > 0:
+        for i, (cand, task) in enumerate(_evaluated(proto, ref, itertools.islice(candidates(root, cfg), budget),
+                                                    cfg, workers)):
+            say(f"mutant {i + 1} ({len(singles)} kept)")
+            _count(stats, cand, task is not None)
+            if task is not None:
+                singles.append((cand, task))
+                seen.add(task.instance_id)
+                if enough is not None and enough(task):
+                    return [t for _, t in singles]
+            if len(singles) >= cfg.max_tasks - n_combo:
+                break
     combos: list[Task] = []
-    for j, combo in enumerate(_combos(root, singles, random.Random(cfg.seed + 1), 3 * n_combo)):
-        if len(combos) >= n_combo or len(singles) + len(combos) >= cfg.max_tasks:
-            break
-        say(f"combination {j + 1} ({len(combos)} kept)")
-        task = evaluate(proto, ref, combo, cfg)
-        _count(stats, combo, task is not None)
-        if task is not None and task.instance_id not in seen:
-            combos.append(task)
-            seen.add(task.instance_id)
+    if n_combo > 0 and len(singles) < cfg.max_tasks:
+        combo_cands = _combos(root, singles, random.Random(cfg.seed + 1), 3 * n_combo)
+        for j, (combo, task) in enumerate(_evaluated(proto, ref, combo_cands, cfg, workers)):
+            say(f"combination {j + 1} ({len(combos)} kept)")
+            _count(stats, combo, task is not None)
+            if task is not None and task.instance_id not in seen:
+                combos.append(task)
+                seen.add(task.instance_id)
+            if len(combos) >= n_combo or len(singles) + len(combos) >= cfg.max_tasks:
+                break
     return [t for _, t in singles] + combos
+
+
+def _evaluated(proto: Task, ref: list[TestRun], cands: Iterable[Candidate], cfg: SynthConfig,
+               workers: int) -> Iterator[tuple[Candidate, Task | None]]:
+    """(candidate, its task or None) in the candidates' order, up to `workers` mutants running at
+    once; the caller stops when it has enough (the mutants still running are waited for)."""
+    if workers <= 1:
+        for cand in cands:
+            yield cand, evaluate(proto, ref, cand, cfg)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="synth") as pool:
+        pending: deque = deque()
+        try:
+            for cand in cands:
+                pending.append((cand, pool.submit(evaluate, proto, ref, cand, cfg)))
+                if len(pending) >= workers:
+                    first, fut = pending.popleft()
+                    yield first, fut.result()
+            while pending:
+                first, fut = pending.popleft()
+                yield first, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()

@@ -41,3 +41,25 @@ def test_synth_on_a_local_repo_makes_graded_tasks(mini_repo):
     assert grade_patch(t, t.patch).resolved
     assert not grade_patch(t, "").resolved
     assert (mini_repo / "mini" / "core.py").read_text() == LIB  # the user's directory is never touched
+
+
+def test_parallel_validation_keeps_the_tasks_one_at_a_time_keeps(mini_repo):
+    from etude.tasks.synth import SynthConfig, synthesise
+
+    runs = {}
+    for workers in (1, 3):
+        stats: dict = {}
+        cfg = SynthConfig(max_tasks=4, seed=2, combine_fraction=0.5, workers=workers)
+        runs[workers] = ([t.to_dict() for t in synthesise(repo=mini_repo, cfg=cfg, stats=stats)], stats)
+    assert len(runs[1][0]) == 4 and runs[3][0] == runs[1][0]
+    assert runs[3][1] == runs[1][1]  # mutants run in vain past the last one used are not counted
+
+
+def test_a_run_that_stops_early_keeps_a_prefix_of_the_whole_run(mini_repo):
+    from etude.tasks.synth import SynthConfig, synthesise
+
+    cfg = SynthConfig(max_tasks=4, seed=2, combine_fraction=0.0)
+    whole = [t.instance_id for t in synthesise(repo=mini_repo, cfg=cfg)]
+    seen = []
+    part = [t.instance_id for t in synthesise(repo=mini_repo, cfg=cfg, enough=lambda t: seen.append(t) or len(seen) >= 2)]
+    assert len(whole) == 4 and part == whole[:2]
