@@ -6,6 +6,10 @@ functions, against 3-16% a sample on its train functions during RL (docs/special
 bench asks whether a longer, stronger run of the specialisation's own stage 4 moves the held-out
 rate, measured on that skill alone, many samples a task:
 
+0. Both arms are probed as in 2; the start arm first. When it writes no applicable edit in any
+   sample of the select slice, GRPO on the edit turn has no signal (every group's rewards tie: a
+   first attempt from the 7-step SFT adapter of `etude demo` ran 5 steps with 0 edits in 160
+   samples), so RL is not run unless `--force`, and the result holds the start arm alone.
 1. From a finished `etude specialise` run (`--run DIR`: tasks/rl_train.jsonl, select.jsonl,
    heldout.jsonl, sft/adapter) on its base (`--base`), GRPO on the edit turn with the stage's own
    TrainConfig (etude.pipeline.specialise.rl_stage_config) for `--steps` steps at `--lr`,
@@ -105,6 +109,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=0.7, help="the harness's sampling temperature")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="run RL even when the start arm never edits")
     ap.add_argument("--work", default="runs/bench_edit_rl")
     ap.add_argument("--out", default=str(RESULTS / "edit_rl.json"))
     a = ap.parse_args()
@@ -117,11 +122,6 @@ def main() -> None:
     stages: dict[str, float] = {}
 
     t = time.monotonic()
-    rl = train_rl(run, a.base, work / "rl", a.steps, a.lr, a.every, a.seed)
-    stages["rl"] = round(time.monotonic() - t, 1)
-    arms = {"start": str(run / "sft" / "adapter"), "rl": rl["checkpoint"]}
-
-    t = time.monotonic()
     hc = load_sft_config("configs/agent_sft.toml", {}).harness_config()
     items = []
     for split in ("select", "heldout"):
@@ -130,19 +130,38 @@ def main() -> None:
     stages["prompts"] = round(time.monotonic() - t, 1)
 
     records: list[dict[str, Any]] = []
-    for arm, adapter in arms.items():
+
+    def probe(arm: str, adapter: str) -> None:
         t = time.monotonic()
         merged = merge_adapter_dir(adapter, a.base, work / f"merged-{arm}")
         got = replies(str(merged), items, a.samples, a.temperature, hc.max_tokens_per_turn, a.seed)
         for it, texts in zip(items, got, strict=True):
             scores = [score_edit(x, it["src"], it["gold"], it["path"], it["bug_line"]) for x in texts]
-            for k, s in enumerate(scores):
+            for k, sc in enumerate(scores):
                 records.append({"record": "sample", "arm": arm, "split": it["split"], "task": it["task"], "sample": k,
-                                "item": f"{it['task']}#{k}", **{f: int(bool(s[f])) for f in FIELDS}})
+                                "item": f"{it['task']}#{k}", **{f: int(bool(sc[f])) for f in FIELDS}})
             records.append({"record": "task", "arm": arm, "split": it["split"], "task": it["task"],
-                            "any_right_fix": int(any(s["right_fix"] for s in scores)),
-                            "right_fixes": sum(int(bool(s["right_fix"])) for s in scores)})
+                            "any_right_fix": int(any(sc["right_fix"] for sc in scores)),
+                            "right_fixes": sum(int(bool(sc["right_fix"])) for sc in scores)})
         stages[f"probe {arm}"] = round(time.monotonic() - t, 1)
+
+    # the start arm first: GRPO on the edit turn learns nothing from a model that never edits there
+    # (every group's rewards tie), and that is cheap to see before an hour of steps
+    probe("start", str(run / "sft" / "adapter"))
+    arms = ["start"]
+    select_edits = sum(r["edits"] for r in records if r["record"] == "sample" and r["split"] == "select")
+    rl: dict[str, Any] = {"steps": 0, "select_right_fix": [], "seconds": 0.0}
+    stop = None
+    if a.steps and not select_edits and not a.force:
+        stop = (f"the start adapter wrote no applicable edit in {a.samples} samples of each select prompt: GRPO on "
+                "the edit turn has no signal from it (train its SFT longer); RL not run (--force runs it)")
+        print(f"edit_rl: {stop}", file=sys.stderr)
+    elif a.steps:
+        t = time.monotonic()
+        rl = train_rl(run, a.base, work / "rl", a.steps, a.lr, a.every, a.seed)
+        stages["rl"] = round(time.monotonic() - t, 1)
+        probe("rl", rl["checkpoint"])
+        arms.append("rl")
 
     figures: dict[str, dict[str, Any]] = {}
     for split in ("select", "heldout"):
@@ -152,23 +171,26 @@ def main() -> None:
                                                  "field": f}
             figures[f"{split}.{arm}.any_right_fix"] = {"kind": "rate", "field": "any_right_fix",
                                                        "of": {"record": "task", "arm": arm, "split": split}}
-        figures[f"{split}.rl_vs_start.right_fix"] = {
-            "kind": "paired", "a": {"record": "sample", "arm": "start", "split": split},
-            "b": {"record": "sample", "arm": "rl", "split": split}, "key": "item", "field": "right_fix"}
-        figures[f"{split}.rl_vs_start.any_right_fix"] = {
-            "kind": "paired", "a": {"record": "task", "arm": "start", "split": split},
-            "b": {"record": "task", "arm": "rl", "split": split}, "key": "task", "field": "any_right_fix"}
+        if "rl" in arms:
+            figures[f"{split}.rl_vs_start.right_fix"] = {
+                "kind": "paired", "a": {"record": "sample", "arm": "start", "split": split},
+                "b": {"record": "sample", "arm": "rl", "split": split}, "key": "item", "field": "right_fix"}
+            figures[f"{split}.rl_vs_start.any_right_fix"] = {
+                "kind": "paired", "a": {"record": "task", "arm": "start", "split": split},
+                "b": {"record": "task", "arm": "rl", "split": split}, "key": "task", "field": "any_right_fix"}
     meta = {"what": "GRPO on the edit turn (the specialisation's stage 4, longer), probed on the edit turn of "
                     "select and held-out functions; many samples a task", "run": str(run), "base": a.base,
-            "steps": rl["steps"], "lr": a.lr, "samples": a.samples, "temperature": a.temperature,
+            "steps": rl["steps"], "rl_not_run": stop, "lr": a.lr, "samples": a.samples, "temperature": a.temperature,
             "prompts": {s: sum(1 for it in items if it["split"] == s) for s in ("select", "heldout")},
             "select_right_fix_by_step": rl["select_right_fix"],
-            "train_right_fix_by_step": training_curve(work / "rl" / "train"), "rl_seconds": rl["seconds"],
+            "train_right_fix_by_step": training_curve(work / "rl" / "train") if "rl" in arms else [],
+            "rl_seconds": rl["seconds"],
             "stages": stages,
-            "rule": "the arm is the RL run's last checkpoint; held-out prompts are read once, after training"}
+            "rule": "the RL arm is the run's last checkpoint; whether RL runs depends on the select slice only; "
+                    "held-out prompts are only scored"}
     doc = write_result(Path(a.out), figures, records, provenance(started=t0), meta=meta)
     for name, fig in doc["figures"].items():
-        if name.endswith(("right_fix", "any_right_fix")):
+        if name.endswith(("right_fix", "any_right_fix", "edits")):
             print(name, {k: fig.get(k) for k in ("k", "n", "rate", "a_k", "b_k", "p")})
 
 
