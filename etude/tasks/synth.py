@@ -57,8 +57,10 @@ class SynthConfig:
     """Requirements the tests need beyond what the package declares."""
     workers: int | None = None
     """Mutants validated at once (each runs the suite in its own sandbox). None: the machine's
-    cores, at most 4. The tasks kept do not depend on it: results are taken in the candidates'
-    order, as one at a time would take them (at most workers - 1 mutants are run in vain)."""
+    cores, at most 4. Results are taken in the candidates' order, as one at a time would take them
+    (at most workers - 1 mutants are run in vain), so the tasks kept do not depend on it unless
+    the suite's verdicts depend on load (a test that fails only on a busy machine); the reference
+    runs stay one at a time."""
 
 
 @dataclass(frozen=True)
