@@ -207,18 +207,22 @@ def package_curriculum(spec: str, level: int, n: int, seed: int = 0, sha256: str
         cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=6 * n, combine_fraction=0.75, mutators=mutators)
     else:
         cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=4 * n, combine_fraction=0.0, mutators=mutators)
-    restated: dict[str, Task | None] = {}
+    restated: dict[str, Task | None] = {}  # each task restated once, by `enough` or below
+
+    def restate(t: Task) -> Task | None:
+        if t.instance_id not in restated:
+            restated[t.instance_id] = _restate(t, level, sd.root)
+        return restated[t.instance_id]
 
     def enough(t: Task) -> bool:  # the first `first` tasks that survive the restatement are there
-        restated[t.instance_id] = _restate(t, level, sd.root)
-        return sum(r is not None for r in restated.values()) >= first
+        return restate(t) is not None and sum(r is not None for r in restated.values()) >= first
 
     tasks = synthesise(spec, cfg=cfg, progress=lambda m: say(f"{name}: {m}"), enough=enough if first else None)
     if level == 3:
         tasks = [t for t in tasks if "+" in t.strategy] + _mined(name, ver, say)
-    kept = [t2 for t in tasks if (t2 := _restate(t, level, sd.root)) is not None]
-    save_tasks(kept[:first] if first else kept, f)
-    return kept[:first] if first else kept
+    kept = [t2 for t in tasks if (t2 := restate(t)) is not None][:first]  # [:None]: all of them
+    save_tasks(kept, f)
+    return kept
 
 
 def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Progress | None = None) -> list[Task]:
