@@ -244,13 +244,16 @@ class SQLStore:
                     r["messages"] = by_id[r["id"]]
         return rows
 
+    @staticmethod
+    def _newest_in_session(org: str, session_id: str, *cols: Any) -> sa.Select[Any]:
+        c = t.interactions.c
+        return (sa.select(*cols).where(c.org_id == org, c.session_id == session_id)
+                .order_by(c.created_at.desc(), c.id.desc()).limit(1))
+
     def last_interaction(self, org: str, session_id: str) -> dict[str, Any] | None:
         """The newest interaction of a session, with its messages (for follow-up detection)."""
-        c = t.interactions.c
-        q = (sa.select(t.interactions).where(c.org_id == org, c.session_id == session_id)
-             .order_by(c.created_at.desc(), c.id.desc()).limit(1))
         with self.read() as conn:
-            r = conn.execute(q).first()
+            r = conn.execute(self._newest_in_session(org, session_id, t.interactions)).first()
             if r is None:
                 return None
             out = _row(r)
@@ -262,11 +265,9 @@ class SQLStore:
         when it has none), or None for a session with no interaction: what the server's follow-up
         detection and feedback-by-session read on every request, without decoding the row's token
         ids and log-probs or its other messages (last_interaction returns all of them)."""
-        c, m = t.interactions.c, t.messages.c
-        q = (sa.select(c.id).where(c.org_id == org, c.session_id == session_id)
-             .order_by(c.created_at.desc(), c.id.desc()).limit(1))
+        m = t.messages.c
         with self.read() as conn:
-            iid = conn.execute(q).scalar_one_or_none()
+            iid = conn.execute(self._newest_in_session(org, session_id, t.interactions.c.id)).scalar_one_or_none()
             if iid is None:
                 return None
             content = conn.execute(sa.select(m.content).where(m.interaction_id == iid, m.role == "user")
