@@ -10,7 +10,7 @@ rate, measured on that skill alone, many samples a task:
    sample of the select slice, GRPO on the edit turn has no signal (every group's rewards tie: a
    first attempt from the 7-step SFT adapter of `etude demo` ran 5 steps with 0 edits in 160
    samples), so RL is not run unless `--force`, and the result holds the start arm alone.
-1. From a finished `etude specialise` run (`--run DIR`: tasks/rl_train.jsonl, select.jsonl,
+1. From an `etude specialise` run past its SFT stage (`--run DIR`: tasks/train.jsonl, select.jsonl,
    heldout.jsonl, sft/adapter) on its base (`--base`), GRPO on the edit turn with the stage's own
    TrainConfig (etude.pipeline.specialise.rl_stage_config) for `--steps` steps at `--lr`,
    continued from the SFT adapter. The arm is the last checkpoint: nothing is chosen on held-out
@@ -114,7 +114,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "edit_rl.json"))
     a = ap.parse_args()
     run, work = Path(a.run), Path(a.work)
-    for need in ("sft/adapter", "tasks/rl_train.jsonl", "tasks/select.jsonl", "tasks/heldout.jsonl"):
+    for need in ("sft/adapter", "tasks/train.jsonl", "tasks/select.jsonl", "tasks/heldout.jsonl"):
         if not (run / need).exists():
             raise SystemExit(f"--run {run}: not a finished `etude specialise` run (no {need})")
     work.mkdir(parents=True, exist_ok=True)

@@ -53,8 +53,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "rl_memory.json"))
     a = ap.parse_args()
     run = Path(a.run)
-    if not (run / "sft" / "adapter").is_dir() or not (run / "tasks" / "rl_train.jsonl").is_file():
-        raise SystemExit(f"--run {run}: not a finished `etude specialise` run (sft/adapter, tasks/rl_train.jsonl)")
+    if not (run / "sft" / "adapter").is_dir() or not (run / "tasks" / "train.jsonl").is_file():
+        raise SystemExit(f"--run {run}: not an `etude specialise` run past its SFT stage (sft/adapter, tasks/train.jsonl)")
     t0 = time.time()
     records = [one_run(run, a.base, a.steps, gc, Path(a.work) / ("on" if gc else "off")) for gc in (False, True)]
     on, off = {"arm": "on"}, {"arm": "off"}

@@ -5,11 +5,12 @@ Read top to bottom in `run_specialise` (every stage is resumable through etude.p
 a rerun with the same --out continues after the last finished stage):
 
 1. tasks    — level-1 curriculum tasks of each repository (NAME==VERSION from PyPI, or a local
-              git repository's working tree), plus a second seed of the same code for fix drills;
+              git repository's working tree);
 2. split    — by function (etude.pipeline.split): held-out functions never reach training, and a
               `select` slice of the train functions chooses between checkpoints. DIR/split.json;
+2b. drills  — more bugs of another seed, mutated only inside train functions, for fix drills;
 3. sft      — LoRA SFT on `--base`: the scripted expert's resolved episodes of the train tasks
-              and fix drills of the drill tasks whose functions are all train functions;
+              and fix drills of those bugs;
 4. rl       — GRPO on the edit turn (env `fix`) continuing the same adapter, for what is left of
               the `--minutes` budget, validated on the select slice;
 5. choose   — the SFT or the RL adapter, by right fixes on the select slice (never held out);
@@ -56,7 +57,7 @@ from etude.serve import registry
 from etude.store import open_store
 from etude.store.sql import ORG_RE
 from etude.tasks import save_tasks
-from etude.tasks.curriculum import BUILTIN, package_curriculum, repo_curriculum
+from etude.tasks.curriculum import BUILTIN, function_curriculum, package_curriculum, repo_curriculum
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.history import HistoryConfig, mine_history, summary
 from etude.tasks.schema import load_tasks
@@ -91,7 +92,7 @@ class SpecialiseConfig:
     tasks_per_repo: int = 120
     """level-1 tasks built per repository (fewer when its tests catch fewer mutants)."""
     drills_per_repo: int = 60
-    """tasks of the drill seed per repository (0: no drills)."""
+    """fix-drill bugs built per repository, each inside a train function (0: no drills)."""
     history_tasks: int | None = None
     """tasks mined from a local repository's git history (`etude tasks mine --repo`: a commit that
     fixes something with a test becomes a task whose statement is its message), added to its
@@ -281,14 +282,12 @@ class Specialise:
     # -- 1. tasks
     def tasks(self) -> tuple[dict[str, Any], str]:
         c = self.cfg
-        org, drills, mined, notes = [], [], 0, []
+        org, mined, notes = [], 0, []
         for spec in c.repos:
             with self.con.status(f"building tasks of {spec}") as status:
                 def say(m: str, s: str = spec) -> None:
                     status.update(f"{Path(s).name}: {m}")
                 org += repo_tasks(spec, c.tasks_per_repo, c.seed, say)
-                if c.drills_per_repo:
-                    drills += repo_tasks(spec, c.drills_per_repo, c.seed + DRILL_SEED_OFFSET, say)
                 hist, note = history_tasks(spec, 20 if c.history_tasks is None else c.history_tasks, say)
                 org += hist
                 mined += len(hist)
@@ -298,10 +297,8 @@ class Specialise:
         if not org:
             raise EtudeError(f"no level-1 tasks could be built from {', '.join(c.repos)} (do their tests run?)")
         _save(org, self.out / "tasks" / "org.jsonl")
-        _save(drills, self.out / "tasks" / "drill_candidates.jsonl")
-        return ({"org": len(org), "drill_candidates": len(drills), "history": mined, "history_notes": notes},
-                f"{len(org)} tasks from {len(c.repos)} repositories ({mined} from their git history), "
-                f"{len(drills)} drill candidates")
+        return ({"org": len(org), "history": mined, "history_notes": notes},
+                f"{len(org)} tasks from {len(c.repos)} repositories ({mined} from their git history)")
 
     # -- 2. split
     def split(self) -> tuple[dict[str, Any], str]:
@@ -317,21 +314,36 @@ class Specialise:
                              f"({len(org)} tasks over {len(sp.functions['heldout']) + len(sp.functions['train'])} "
                              f"functions); the report needs at least {c.min_heldout}: add repositories or raise "
                              "tasks_per_repo")
-        # drills: only bugs whose every touched function is a train function (never select or held out)
-        cands = load_tasks(self.out / "tasks" / "drill_candidates.jsonl")
-        train_fns = set(sp.functions["train"])
-        train_patches = {t.patch for t in sp.train}
-        drills = [t for t in cands if touched_functions(t) <= train_fns and t.patch not in train_patches]
         d = sp.to_dict(c.seed)
-        d["drills"] = {"tasks": [t.instance_id for t in drills], "n_tasks": len(drills),
-                       "candidates": len(cands)}
         (self.out / "split.json").write_text(json.dumps(d, indent=1) + "\n")
-        for side, ts in (("train", sp.train), ("select", sp.select), ("heldout", sp.heldout), ("drills", drills)):
+        for side, ts in (("train", sp.train), ("select", sp.select), ("heldout", sp.heldout)):
             _save(ts, self.out / "tasks" / f"{side}.jsonl")
-        return ({k: d[k]["n_tasks"] for k in ("train", "select", "heldout", "drills")},
+        return ({k: d[k]["n_tasks"] for k in ("train", "select", "heldout")},
                 f"train {len(sp.train)} tasks / {d['train']['n_functions']} functions, select {len(sp.select)}, "
                 f"held out {len(sp.heldout)} / {d['heldout']['n_functions']} functions, {len(sp.dropped)} dropped "
-                f"(both sides), {len(drills)} drills")
+                f"(both sides)")
+
+    # -- 2b. fix drills on the train functions
+    def drills(self) -> tuple[dict[str, Any], str]:
+        """More bugs in the train functions alone (another curriculum seed, every mutant tried at a
+        train function's line, so none is built in vain), minus any whose patch a train task has;
+        recorded in split.json under `drills`. Select and held-out functions are never mutated."""
+        c = self.cfg
+        split = json.loads((self.out / "split.json").read_text())
+        train_fns = set(split["train"]["functions"])
+        train_patches = {t.patch for t in load_tasks(self.out / "tasks" / "train.jsonl")}
+        built: list[Task] = []
+        for spec in c.repos if c.drills_per_repo else ():
+            with self.con.status(f"building fix drills of {spec}") as status:
+                built += function_curriculum(spec, train_fns, c.drills_per_repo, c.seed + DRILL_SEED_OFFSET,
+                                             lambda m: status.update(f"drills of {m}"))
+        drills = [t for t in built if touched_functions(t) <= train_fns and t.patch not in train_patches]
+        split["drills"] = {"tasks": [t.instance_id for t in drills], "n_tasks": len(drills), "built": len(built),
+                           "functions": len({f for t in drills for f in touched_functions(t)})}
+        (self.out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
+        _save(drills, self.out / "tasks" / "drills.jsonl")
+        return ({"drills": len(drills), "built": len(built)},
+                f"{len(drills)} fix drills on {split['drills']['functions']} train functions")
 
     # -- 3. SFT (LoRA)
     def sft(self) -> tuple[dict[str, Any], str]:
@@ -359,8 +371,6 @@ class Specialise:
             return {"steps": 0, "skipped": "no select tasks to validate on"}, "skipped: no select slice"
         # at least two steps (a first and a second update); the time limit ends it at the budget
         steps = max(2, int(seconds_left // c.rl_step_s))
-        train_file = self.out / "tasks" / "rl_train.jsonl"
-        _save(load_tasks(self.out / "tasks" / "train.jsonl") + load_tasks(self.out / "tasks" / "drills.jsonl"), train_file)
         every = max(1, steps // 2)
         cfg = rl_stage_config(c.rl_config, self.out, self.base, adapter, self.backend, lr=c.rl_lr, steps=steps,
                               seed=c.seed, every=every, time_limit_s=seconds_left)
@@ -477,8 +487,12 @@ def _to_bf16(path: Path) -> None:
 def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend: str, *, lr: float, steps: int,
                     seed: int, every: int, time_limit_s: float | None = None, **extra: Any):
     """The TrainConfig of stage 4 (GRPO on the edit turn, the LoRA adapter continued from
-    `adapter`) for the run in `out`, which has written tasks/rl_train.jsonl and tasks/select.jsonl;
-    `extra` are further overrides (bench/rl_memory.py turns gradient checkpointing off and on)."""
+    `adapter`) for the run in `out` after its split and drills: it trains on the train tasks and
+    the drills (written to tasks/rl_train.jsonl here) and validates on tasks/select.jsonl; `extra`
+    are further overrides (bench/rl_memory.py turns gradient checkpointing off and on)."""
+    tasks = out / "tasks"
+    drills = load_tasks(tasks / "drills.jsonl") if (tasks / "drills.jsonl").is_file() else []
+    _save(load_tasks(tasks / "train.jsonl") + drills, tasks / "rl_train.jsonl")
     return load_config(rl_config, with_rollout_backend({
         "model": base, "lora.enabled": True, "lora.init": adapter, "lr": lr, "steps": steps,
         "seed": seed, "eval_every": every, "checkpoint_every": every or steps, "keep_checkpoints": 4,
@@ -489,7 +503,7 @@ def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend:
 
 # What each stage reads (config fields; with the earlier stages it names): a rerun with another
 # budget keeps the tasks, the split and the base model's evaluations (etude.pipeline.stages).
-BUILD_USES = ("repos", "tasks_per_repo", "drills_per_repo", "seed", "history_tasks")
+BUILD_USES = ("repos", "tasks_per_repo", "seed", "history_tasks")
 SPLIT_USES = BUILD_USES + ("heldout_fraction", "select_fraction", "heldout_per_function", "min_heldout")
 EPISODE_USES = ("agent_config", "backend", "verify_edits")
 
@@ -500,32 +514,57 @@ def sft_inputs(cfg: SpecialiseConfig) -> tuple[str, ...]:
         ("minutes",) if cfg.sft_share is not None else ())
 
 
-def run_specialise(cfg: SpecialiseConfig, console: Console | None = None) -> dict[str, Any]:
+def run_specialise(cfg: SpecialiseConfig, console: Console | None = None, until: str | None = None) -> dict[str, Any]:
+    """Every stage in order, resuming finished ones. `until` (a stage name, e.g. "3. SFT (LoRA)"):
+    stop after that stage and return the stages' results so far (a bench that needs a trained
+    adapter and not the evaluations)."""
+    if until is not None and until not in STAGES:
+        raise EtudeError(f"no stage {until!r}; the stages are: {', '.join(STAGES)}")
     sp = Specialise(cfg, console)
     st = sp.stages
     sp.con.print(f"[bold]etude specialise[/bold] — org {cfg.org}, base {sp.base}, {sp.backend} episodes, "
                  f"budget {cfg.minutes:g} min, output in {sp.out}")
     sft_uses = sft_inputs(cfg)
-    st.run("1. tasks", sp.tasks, uses=BUILD_USES)
-    st.run("2. split", sp.split, uses=SPLIT_USES, after=("1. tasks",))
-    t_train = time.monotonic()
-    sft = st.run("3. SFT (LoRA)", sp.sft, uses=sft_uses, after=("2. split",))
-    spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
-    rl = st.run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent),
-                uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
-    st.run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
-    heldout = sp.out / "tasks" / "heldout.jsonl"
-    st.run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
-           uses=SPLIT_USES + EPISODE_USES + ("base",), after=("2. split",))
-    st.run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter"),
-           uses=SPLIT_USES + EPISODE_USES, after=("2. split", "5. choose"))
-    gen = sp.general_suite()
-    general = EPISODE_USES + ("general", "general_tasks")
-    st.run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"), uses=general + ("base",))
-    st.run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"),
-           uses=general, after=("5. choose",))
-    rep = st.run("7. report", sp.report, resumable=False)
-    if cfg.register:
-        rep["registered"] = st.run("8. register", sp.register, uses=("org", "db"), after=("5. choose",))
+
+    def run(name: str, fn: Any, **kw: Any) -> Any:
+        res = st.run(name, fn, **kw)
+        if name == until:
+            raise _Until
+        return res
+
+    try:
+        run("1. tasks", sp.tasks, uses=BUILD_USES)
+        run("2. split", sp.split, uses=SPLIT_USES, after=("1. tasks",))
+        run("2b. drills", sp.drills, uses=SPLIT_USES + ("drills_per_repo",), after=("2. split",))
+        t_train = time.monotonic()
+        sft = run("3. SFT (LoRA)", sp.sft, uses=sft_uses, after=("2. split", "2b. drills"))
+        spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
+        rl = run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent),
+                 uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
+        run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
+        heldout = sp.out / "tasks" / "heldout.jsonl"
+        run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
+            uses=SPLIT_USES + EPISODE_USES + ("base",), after=("2. split",))
+        run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter"),
+            uses=SPLIT_USES + EPISODE_USES, after=("2. split", "5. choose"))
+        gen = sp.general_suite()
+        general = EPISODE_USES + ("general", "general_tasks")
+        run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"), uses=general + ("base",))
+        run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"),
+            uses=general, after=("5. choose",))
+        rep = run("7. report", sp.report, resumable=False)
+        if cfg.register:
+            rep["registered"] = run("8. register", sp.register, uses=("org", "db"), after=("5. choose",))
+    except _Until:
+        return {"until": until, "stages": st.times()}
     return rep
+
+
+class _Until(Exception):
+    """run_specialise reached its `until` stage."""
+
+
+STAGES = ("1. tasks", "2. split", "2b. drills", "3. SFT (LoRA)", "4. RL on the edit turn", "5. choose",
+          "6a. held-out, base", "6b. held-out, adapter", "6c. general, base", "6d. general, adapter", "7. report",
+          "8. register")
 

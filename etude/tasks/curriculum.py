@@ -23,7 +23,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +135,31 @@ def enclosing_function(source: str, line: int) -> str | None:
 
     visit(tree, "")
     return best[1] if best else None
+
+
+def function_lines(source: str, functions: Collection[str]) -> frozenset[int]:
+    """The lines whose innermost enclosing function (as `enclosing_function` names it) is one of
+    `functions` (`Class.method` or `function`); empty when the source does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, SystemError, RecursionError):
+        return frozenset()
+    owner: dict[int, str] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:  # parents first, so an inner function's lines are its own
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    for ln in range(child.lineno, getattr(child, "end_lineno", child.lineno) + 1):
+                        owner[ln] = name
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(tree, "")
+    wanted = set(functions)
+    return frozenset(ln for ln, name in owner.items() if name in wanted)
 
 
 def _failures(task: Task) -> list[tuple[str, str]]:
@@ -252,6 +277,36 @@ def repo_curriculum(repo: Path, level: int, n: int, seed: int = 0, progress: Pro
     kept = [t2 for t in tasks if (t2 := _restate(t, level, root)) is not None]
     save_tasks(kept, f)
     return kept
+
+
+def function_curriculum(spec: str, functions: Collection[str], n: int, seed: int = 0,
+                        progress: Progress | None = None) -> list[Task]:
+    """Up to `n` validated level-1 tasks of one repository (`NAME==VERSION` or a local git
+    repository's path) whose bug sits inside one of `functions` (`file::Class.method`, files
+    relative to the source tree, as `etude.pipeline.split` names them; names of other files are
+    ignored). Every mutant tried is at such a site, so none is validated in vain. Not cached: the
+    caller keeps them (the specialisation builds its fix drills on its train functions this way)."""
+    by_file: dict[str, set[str]] = {}
+    for f in functions:
+        rel, _, name = f.partition("::")
+        if name and name != "<module>":
+            by_file.setdefault(rel, set()).add(name)
+    if "==" in spec:
+        name, ver = parse_spec(spec)
+        pins = {m.spec: m.sha256 for m in BUILTIN}
+        root, package, repo = fetch_sdist(name, ver, pins.get(spec)).root, spec, None
+    else:
+        root = Path(spec).resolve()
+        package, repo = None, root
+    sites = {rel: lines for rel, names in by_file.items()
+             if (root / rel).is_file() and (lines := function_lines((root / rel).read_text(encoding="utf-8", errors="replace"), names))}
+    if not sites or n <= 0:
+        return []
+    cfg = SynthConfig(max_tasks=n, seed=seed, max_candidates=4 * n, combine_fraction=0.0, mutators=LEVEL1_MUTATORS,
+                      sites=sites)
+    say = progress or (lambda _m: None)
+    tasks = synthesise(package, repo, cfg=cfg, progress=lambda m: say(f"{root.name}: {m}"))
+    return [t2 for t in tasks if (t2 := _restate(t, 1, root)) is not None]
 
 
 def _mined(name: str, ver: str, say: Progress) -> list[Task]:

@@ -55,6 +55,10 @@ class SynthConfig:
     """Which mutators to use."""
     extra_deps: tuple[str, ...] = ()
     """Requirements the tests need beyond what the package declares."""
+    sites: dict[str, frozenset[int]] | None = None
+    """Only mutants whose changed line is one of these (source file relative to the tree -> line
+    numbers, 1-based); None: every site. `etude.tasks.curriculum.function_curriculum` builds bugs
+    in chosen functions this way."""
     workers: int | None = None
     """Mutants validated at once (each runs the suite in its own sandbox). None: the machine's
     cores, at most 4. Results are taken in the candidates' order, as one at a time would take them
@@ -127,13 +131,15 @@ def proto_task(
 def candidates(root: Path, cfg: SynthConfig) -> Iterator[Candidate]:
     """Single mutants in seeded random order, each yielded once per distinct diff."""
     files = layout.source_files(root)
+    if cfg.sites is not None:
+        files = [rel for rel in files if cfg.sites.get(rel)]
     sources = {rel: (root / rel).read_text(encoding="utf-8", errors="replace") for rel in files}
     sites = [(rel, m, i) for rel in files for m in cfg.mutators for i in range(count_sites(sources[rel], m))]
     random.Random(cfg.seed).shuffle(sites)
     seen: set[str] = set()
     for rel, m, i in sites:
         mut = mutate(sources[rel], m, i)
-        if mut is None:
+        if mut is None or (cfg.sites is not None and mut.line not in cfg.sites[rel]):
             continue
         orig, new = sources[rel].splitlines(True), mut.code.splitlines(True)
         base_patch = diffs.file_diff(rel, orig, new)
