@@ -61,6 +61,7 @@ class _Mutator(cst.CSTTransformer):
         self.target = target
         self.count = 0
         self.line: int | None = None  # first line of the mutated site
+        self.lines: list[int] = []  # counting (target -1): the first line of every site, in order
         self._func_depth = 0
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
@@ -77,7 +78,9 @@ class _Mutator(cst.CSTTransformer):
             return False
         i = self.count
         self.count += 1
-        if i == self.target:
+        if self.target == -1:
+            self.lines.append(self.get_metadata(PositionProvider, node).start.line)
+        elif i == self.target:
             self.line = self.get_metadata(PositionProvider, node).start.line
             return True
         return False
@@ -249,6 +252,18 @@ def count_sites(source: str, mutator: str) -> int:
     m = MUTATORS[mutator](-1)
     wrapper.visit(m)
     return m.count
+
+
+def site_lines(source: str, mutator: str) -> list[int]:
+    """The first line of each site `mutator` can change, in site order (`mutate(source, mutator,
+    i).line` is `site_lines(...)[i]`); empty when the source does not parse."""
+    try:
+        wrapper = MetadataWrapper(cst.parse_module(source))
+    except cst.ParserSyntaxError:
+        return []
+    m = MUTATORS[mutator](-1)
+    wrapper.visit(m)
+    return m.lines
 
 
 def mutate(source: str, mutator: str, site: int) -> Mutation | None:

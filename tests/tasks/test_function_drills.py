@@ -73,3 +73,14 @@ def test_function_curriculum_builds_validated_bugs_in_the_functions_only(tmp_pat
     assert all(touched_functions(t) <= chosen for t in drills)
     assert all(t.meta["level"] == 1 and t.FAIL_TO_PASS for t in drills)
     assert curriculum.function_curriculum(str(repo), {"nowhere.py::f"}, 6, seed=7) == []
+
+
+def test_site_lines_are_the_lines_mutate_reports():
+    from etude.tasks.mutators import count_sites, mutate, site_lines
+
+    for m in curriculum.LEVEL1_MUTATORS:
+        lines = site_lines(SOURCE, m)
+        assert len(lines) == count_sites(SOURCE, m)
+        for i, ln in enumerate(lines):
+            mut = mutate(SOURCE, m, i)
+            assert mut is None or mut.line == ln
