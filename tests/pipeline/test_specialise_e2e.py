@@ -33,7 +33,11 @@ def test_specialise_end_to_end(tmp_path, org_repo, monkeypatch):
     from etude.tasks import save_tasks
 
     save_tasks(repo_tasks(str(org_repo), 3, 11), tmp_path / "gen.jsonl")
+    part = run_specialise(cfg, until="2b. drills")  # stops there: nothing trained yet
+    assert part["until"] == "2b. drills" and list(part["stages"]) == ["1. tasks", "2. split", "2b. drills"]
+    assert not (out / "sft").exists()
     rep = run_specialise(cfg)
+    assert rep["stages"]["2b. drills"]["resumed"] and not rep["stages"]["3. SFT (LoRA)"]["resumed"]
 
     split = json.loads((out / "split.json").read_text())
     train, held = load_tasks(out / "tasks" / "train.jsonl"), load_tasks(out / "tasks" / "heldout.jsonl")

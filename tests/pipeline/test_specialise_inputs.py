@@ -37,3 +37,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, home, args, says):
     assert len(lines) == 1 and says in lines[0], r.stderr
     assert not (tmp_path / "home").exists()  # no store, no registry
     assert not list((tmp_path / "cache").rglob("*.jsonl")) if (tmp_path / "cache").exists() else True
+
+
+def test_until_names_a_stage(tmp_path):
+    from etude.errors import EtudeError
+    from etude.pipeline.specialise import STAGES, SpecialiseConfig, run_specialise
+
+    cfg = SpecialiseConfig(org="acme", repos=("click==8.1.7",), out=str(tmp_path / "out"), base="tiny")
+    with pytest.raises(EtudeError, match="no stage 'sft'; the stages are: 1. tasks"):
+        run_specialise(cfg, until="sft")
+    assert not (tmp_path / "out").exists() and "3. SFT (LoRA)" in STAGES
