@@ -40,35 +40,45 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ("well_formed", "edits", "on_bug_line", "right_fix")
+FIELDS = ("well_formed", "attempted", "edits", "on_bug_line", "right_fix")
 
 
-def train_rl(run: Path, base: str, out: Path, steps: int, lr: float, every: int, seed: int) -> dict[str, Any]:
+def train_rl(run: Path, base: str, out: Path, steps: int, lr: float, every: int, seed: int,
+             weights: dict[str, float]) -> dict[str, Any]:
     from etude.pipeline.isolate import in_child
     from etude.pipeline.specialise import SpecialiseConfig, rl_stage_config
     from etude.train import train
 
     done = out / "summary.json"
     if done.is_file():
-        return json.loads(done.read_text())
+        old = json.loads(done.read_text())
+        if old.get("weights", {}) != weights:
+            raise SystemExit(f"{out} holds an RL run with reward weights {old.get('weights', {})}, not {weights}: "
+                             "use another --work")
+        return old
+    extra = {"env.rewards.weights": weights} if weights else {}
     cfg = rl_stage_config(SpecialiseConfig.rl_config, run, base, str(run / "sft" / "adapter"), "vllm", lr=lr,
-                          steps=steps, seed=seed, every=every)
+                          steps=steps, seed=seed, every=every, **extra)
     t0 = time.monotonic()
     res = in_child(train, cfg, out / "train", progress=True)
     summary = {"steps": res["steps"], "checkpoint": res["checkpoint"], "seconds": round(time.monotonic() - t0, 1),
-               "select_right_fix": [{"step": e["step"], "right_fix": e.get("eval/successes")} for e in res["evals"]]}
+               "select_right_fix": [{"step": e["step"], "right_fix": e.get("eval/successes")} for e in res["evals"]],
+               "weights": weights}
     done.write_text(json.dumps(summary, indent=1))
     return summary
 
 
 def training_curve(train_dir: Path) -> list[dict[str, Any]]:
-    """The training reward's right-fix share by step (metrics.jsonl of the RL run)."""
+    """By training step (metrics.jsonl of the RL run): the shares of samples whose reply was the
+    right fix, an edit that applied (any of the three applying tiers) and well formed."""
     p = train_dir / "metrics.jsonl"
     rows = []
     for line in p.read_text().splitlines() if p.is_file() else []:
         r = json.loads(line)
         if "reward/right_fix" in r and "step" in r:
-            rows.append({"step": r["step"], "right_fix": r["reward/right_fix"]})
+            applied = sum(r.get(f"reward/{k}", 0.0) for k in ("right_fix", "on_bug_line", "edits"))
+            rows.append({"step": r["step"], "right_fix": r["reward/right_fix"], "applied_edits": round(applied, 4),
+                         "well_formed": r.get("reward/well_formed")})
     return rows
 
 
@@ -110,13 +120,26 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7, help="the harness's sampling temperature")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="run RL even when the start arm never edits")
+    ap.add_argument("--weights", default="", help="reward weights of the fix env over its defaults, e.g. "
+                    "well_formed=-0.1 (a reply that does not try to edit below one that tries and misses)")
     ap.add_argument("--work", default="runs/bench_edit_rl")
     ap.add_argument("--out", default=str(RESULTS / "edit_rl.json"))
     a = ap.parse_args()
     run, work = Path(a.run), Path(a.work)
+    from etude.envs.fixturn import TIERS
+
+    weights: dict[str, float] = {}
+    for kv in filter(None, (x.strip() for x in a.weights.split(","))):
+        k, _, v = kv.partition("=")
+        try:
+            weights[k.strip()] = float(v)
+        except ValueError:
+            raise SystemExit(f"--weights {kv!r}: give TIER=NUMBER") from None
+        if k.strip() not in TIERS:
+            raise SystemExit(f"--weights: {k.strip()} is no tier of the fix env ({', '.join(TIERS)})")
     for need in ("sft/adapter", "tasks/train.jsonl", "tasks/select.jsonl", "tasks/heldout.jsonl"):
         if not (run / need).exists():
-            raise SystemExit(f"--run {run}: not a finished `etude specialise` run (no {need})")
+            raise SystemExit(f"--run {run}: not an `etude specialise` run past its SFT stage (no {need})")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     stages: dict[str, float] = {}
@@ -158,7 +181,7 @@ def main() -> None:
         print(f"edit_rl: {stop}", file=sys.stderr)
     elif a.steps:
         t = time.monotonic()
-        rl = train_rl(run, a.base, work / "rl", a.steps, a.lr, a.every, a.seed)
+        rl = train_rl(run, a.base, work / "rl", a.steps, a.lr, a.every, a.seed, weights)
         stages["rl"] = round(time.monotonic() - t, 1)
         probe("rl", rl["checkpoint"])
         arms.append("rl")
@@ -180,7 +203,7 @@ def main() -> None:
                 "b": {"record": "task", "arm": "rl", "split": split}, "key": "task", "field": "any_right_fix"}
     meta = {"what": "GRPO on the edit turn (the specialisation's stage 4, longer), probed on the edit turn of "
                     "select and held-out functions; many samples a task", "run": str(run), "base": a.base,
-            "steps": rl["steps"], "rl_not_run": stop, "lr": a.lr, "samples": a.samples, "temperature": a.temperature,
+            "steps": rl["steps"], "rl_not_run": stop, "lr": a.lr, "reward_weights": weights, "samples": a.samples, "temperature": a.temperature,
             "prompts": {s: sum(1 for it in items if it["split"] == s) for s in ("select", "heldout")},
             "select_right_fix_by_step": rl["select_right_fix"],
             "train_right_fix_by_step": training_curve(work / "rl" / "train") if "rl" in arms else [],

@@ -10,8 +10,15 @@ turn; the policy writes that turn and is scored by what the edit would do to the
   right_fix     1.0   the edit gives the gold file (compared as Python ASTs, so layout aside)
   on_bug_line   0.3   an edit that applies (old_str occurs once) and holds the buggy line, wrong fix
   edits         0.1   an edit that applies elsewhere
-  well_formed   0.0   well-formed calls, no edit that applies
+  attempted     0.0   well-formed calls with an `edit_file` of the file that does not apply
+  well_formed   0.0   well-formed calls, no `edit_file` of the file (it reads, greps, ...)
   malformed    -0.2   a reply that does not parse as tool calls (the broken-call penalty)
+
+With the default weights a reply that does not try to edit scores as well as one that tries and
+misses, while most broken replies are edits (code inside a JSON string). From an adapter whose
+edits rarely apply, GRPO then learns to stop editing: bench/edit_rl.py, 2026-12-06, saw the
+share of applied edits in training fall from 16% to 0 and every reply become a well-formed
+non-edit within 8 steps. `[env.rewards] weights` can rank `attempted` above `well_formed`.
 
 `score_edit` gives the probe's figures (`well_formed`, `edits`, `on_bug_line`, `right_fix`, each
 true or false on its own: a right fix also edits). The env scores them through the reward rubric
@@ -53,8 +60,8 @@ from etude.tasks.repo import prepare_repo
 from etude.toolcalls import parse_hermes
 from etude.types import Task
 
-TIERS = ("right_fix", "on_bug_line", "edits", "well_formed", "malformed")  # best first
-REWARDS = MappingProxyType(dict(zip(TIERS, (1.0, 0.3, 0.1, 0.0, -0.2), strict=True)))  # the default weights
+TIERS = ("right_fix", "on_bug_line", "edits", "attempted", "well_formed", "malformed")  # best first
+REWARDS = MappingProxyType(dict(zip(TIERS, (1.0, 0.3, 0.1, 0.0, 0.0, -0.2), strict=True)))  # the default weights
 
 
 def _ast(src: str) -> str | None:
@@ -69,8 +76,9 @@ def score_edit(reply: str, src: str, gold_src: str, path: str, bug_line: str) ->
     parsed = parse_hermes(reply)
     edits = [c for c in parsed.tool_calls
              if c.name == "edit_file" and str(c.arguments.get("path", "")).removeprefix("./") == path]
-    out = {"well_formed": bool(parsed.tool_calls) and not parsed.errors, "edits": False, "on_bug_line": False,
-           "right_fix": False}
+    out = {"well_formed": bool(parsed.tool_calls) and not parsed.errors, "attempted": False, "edits": False,
+           "on_bug_line": False, "right_fix": False}
+    out["attempted"] = out["well_formed"] and bool(edits)
     for c in edits[:1]:
         old, new = c.arguments.get("old_str"), c.arguments.get("new_str")
         if not isinstance(old, str) or not isinstance(new, str) or not old or src.count(old) != 1:

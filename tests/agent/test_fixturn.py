@@ -30,7 +30,7 @@ def _score(reply: str) -> dict[str, bool]:
 
 def test_the_gold_edit_scores_right_and_layout_does_not_matter():
     assert _score(_reply("    if a < b:", "    if a > b:")) == {
-        "well_formed": True, "edits": True, "on_bug_line": True, "right_fix": True}
+        "well_formed": True, "attempted": True, "edits": True, "on_bug_line": True, "right_fix": True}
     assert _score(_reply("    if a < b:", "    if (a > b):"))["right_fix"]  # the same AST
 
 
@@ -39,21 +39,28 @@ def test_wrong_edits_and_broken_calls_are_not_right():
     assert wrong["edits"] and wrong["on_bug_line"] and not wrong["right_fix"]
     elsewhere = _score(_reply("        return a", "        return b"))
     assert elsewhere["edits"] and not elsewhere["on_bug_line"] and not elsewhere["right_fix"]
-    assert not _score(_reply("return", "yield"))["edits"]  # old_str occurs twice: the tool refuses it
+    twice = _score(_reply("return", "yield"))  # old_str occurs twice: the tool refuses it
+    assert twice["attempted"] and not twice["edits"]
     assert not _score(_reply("    if a < b:", "    if a > b:", path="pkg/other.py"))["edits"]
     broken = _score('<tool_call>\n{"name": "edit_file", "arguments": {"path": "pkg/m.py", "old_str": "x}\n</tool_call>')
-    assert broken == {"well_formed": False, "edits": False, "on_bug_line": False, "right_fix": False}
+    assert broken == {"well_formed": False, "attempted": False, "edits": False, "on_bug_line": False,
+                      "right_fix": False}
+    assert not _score('<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/m.py"}}\n</tool_call>')["attempted"]
 
 
 def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then_garbage():
     replies = [_reply("    if a < b:", "    if a > b:"), _reply("    if a < b:", "    if a <= b:"),
-               _reply("        return a", "        return b"),
+               _reply("        return a", "        return b"), _reply("return", "yield"),
                '<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/m.py"}}\n</tool_call>',
                '<tool_call>\n{"name": "edit_file", "arguments": {"path": </tool_call>']
     p = Problem("fix-t", "fix", (), {"src": SRC, "gold": GOLD, "path": "pkg/m.py", "bug_line": "    if a < b:"})
     rewards = [FixTurnEnv(tasks_file="x.jsonl").check(p, r)[0] for r in replies]
     assert rewards == [REWARDS[k] for k in TIERS]
-    assert rewards == sorted(rewards, reverse=True) and len(set(rewards)) == 5
+    assert rewards == sorted(rewards, reverse=True) and len(set(rewards)) == 5  # attempted == well_formed by default
+    # weights can rank trying an edit above not trying one (a miss above a read)
+    env = FixTurnEnv(tasks_file="x.jsonl", rewards={"weights": {"well_formed": -0.1}})
+    ranked = [env.check(p, r)[0] for r in replies]
+    assert ranked[3] == 0.0 and ranked[4] == -0.1 and ranked == sorted(ranked, reverse=True)
 
 
 def test_the_fix_env_needs_a_tasks_file_and_refuses_a_bad_harness_key_in_one_line():
@@ -97,7 +104,8 @@ def test_fix_env_on_real_tasks_prompts_stop_before_the_edit_and_train_runs(tmp_p
             reward, terms, ok = env.check(p, _reply(gold_old, gold_new, a["path"]))
             assert (reward, ok, terms["right_fix"]) == (1.0, True, 1.0)
         assert env.check(p, "I think it is fixed.") == (REWARDS["malformed"], {
-            "right_fix": 0.0, "on_bug_line": 0.0, "edits": 0.0, "well_formed": 0.0, "malformed": 1.0}, False)
+            "right_fix": 0.0, "on_bug_line": 0.0, "edits": 0.0, "attempted": 0.0, "well_formed": 0.0, "malformed": 1.0},
+            False)
     recs = train_cli(tmp_path, TINY_STEP + 'eval_every = 1\nmicro_batch_tokens = 4096\n'
                      f'[env]\nname = "fix"\ntasks_file = "{f}"\neval_tasks_file = "{f}"\n[env.harness]\nmax_steps = 8\n')
     train = [x for x in recs if x["kind"] == "train"]
