@@ -103,7 +103,7 @@ def replies(model_dir: str, items: list[dict[str, Any]], samples: int, temperatu
 
 
 def main() -> None:
-    from etude.envs.fixturn import edit_turn_prompts, score_edit
+    from etude.envs.fixturn import TIERS, edit_turn_prompts, score_edit
     from etude.evals.results import write_result
     from etude.provenance import provenance
     from etude.tasks.schema import load_tasks
@@ -126,8 +126,6 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "edit_rl.json"))
     a = ap.parse_args()
     run, work = Path(a.run), Path(a.work)
-    from etude.envs.fixturn import TIERS
-
     weights: dict[str, float] = {}
     for kv in filter(None, (x.strip() for x in a.weights.split(","))):
         k, _, v = kv.partition("=")

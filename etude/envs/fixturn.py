@@ -76,9 +76,9 @@ def score_edit(reply: str, src: str, gold_src: str, path: str, bug_line: str) ->
     parsed = parse_hermes(reply)
     edits = [c for c in parsed.tool_calls
              if c.name == "edit_file" and str(c.arguments.get("path", "")).removeprefix("./") == path]
-    out = {"well_formed": bool(parsed.tool_calls) and not parsed.errors, "attempted": False, "edits": False,
+    well_formed = bool(parsed.tool_calls) and not parsed.errors
+    out = {"well_formed": well_formed, "attempted": well_formed and bool(edits), "edits": False,
            "on_bug_line": False, "right_fix": False}
-    out["attempted"] = out["well_formed"] and bool(edits)
     for c in edits[:1]:
         old, new = c.arguments.get("old_str"), c.arguments.get("new_str")
         if not isinstance(old, str) or not isinstance(new, str) or not old or src.count(old) != 1:

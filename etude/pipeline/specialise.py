@@ -337,9 +337,10 @@ class Specialise:
             with self.con.status(f"building fix drills of {spec}") as status:
                 built += function_curriculum(spec, train_fns, c.drills_per_repo, c.seed + DRILL_SEED_OFFSET,
                                              lambda m: status.update(f"drills of {m}"))
-        drills = [t for t in built if touched_functions(t) <= train_fns and t.patch not in train_patches]
+        touched = {t.instance_id: touched_functions(t) for t in built}
+        drills = [t for t in built if touched[t.instance_id] <= train_fns and t.patch not in train_patches]
         split["drills"] = {"tasks": [t.instance_id for t in drills], "n_tasks": len(drills), "built": len(built),
-                           "functions": len({f for t in drills for f in touched_functions(t)})}
+                           "functions": len({f for t in drills for f in touched[t.instance_id]})}
         (self.out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
         _save(drills, self.out / "tasks" / "drills.jsonl")
         return ({"drills": len(drills), "built": len(built)},

@@ -112,38 +112,13 @@ def read_packages(arg: str) -> list[str]:
 # ---------------------------------------------------------------- statements
 
 
-def enclosing_function(source: str, line: int) -> str | None:
-    """`Class.method` or `function` whose body holds `line` (innermost), None at module level."""
+def _line_owners(source: str) -> dict[int, str] | None:
+    """Each line inside a function body -> the innermost such function (`Class.method` or
+    `function`); None when the source does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, SystemError, RecursionError):
         return None
-    best: tuple[int, str] | None = None
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                end = getattr(child, "end_lineno", child.lineno)
-                if not isinstance(child, ast.ClassDef) and child.lineno <= line <= end:
-                    if best is None or child.lineno >= best[0]:
-                        best = (child.lineno, name)
-                visit(child, name + ".")
-            else:
-                visit(child, prefix)
-
-    visit(tree, "")
-    return best[1] if best else None
-
-
-def function_lines(source: str, functions: Collection[str]) -> frozenset[int]:
-    """The lines whose innermost enclosing function (as `enclosing_function` names it) is one of
-    `functions` (`Class.method` or `function`); empty when the source does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, SystemError, RecursionError):
-        return frozenset()
     owner: dict[int, str] = {}
 
     def visit(node: ast.AST, prefix: str) -> None:  # parents first, so an inner function's lines are its own
@@ -158,8 +133,19 @@ def function_lines(source: str, functions: Collection[str]) -> frozenset[int]:
                 visit(child, prefix)
 
     visit(tree, "")
+    return owner
+
+
+def enclosing_function(source: str, line: int) -> str | None:
+    """`Class.method` or `function` whose body holds `line` (innermost), None at module level."""
+    return (_line_owners(source) or {}).get(line)
+
+
+def function_lines(source: str, functions: Collection[str]) -> frozenset[int]:
+    """The lines whose innermost enclosing function (as `enclosing_function` names it) is one of
+    `functions` (`Class.method` or `function`); empty when the source does not parse."""
     wanted = set(functions)
-    return frozenset(ln for ln, name in owner.items() if name in wanted)
+    return frozenset(ln for ln, name in (_line_owners(source) or {}).items() if name in wanted)
 
 
 def _failures(task: Task) -> list[tuple[str, str]]:

@@ -28,7 +28,7 @@ from pathlib import Path
 from etude.errors import EtudeError
 from etude.tasks import describe, diffs, layout
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
-from etude.tasks.mutators import MUTATORS, count_sites, mutate, site_lines
+from etude.tasks.mutators import MUTATORS, mutate, site_lines
 from etude.tasks.repo import base_commit_id
 from etude.tasks.runner import TestRun
 from etude.tasks.validate import classify, hang_timeout, run_state
@@ -134,11 +134,9 @@ def candidates(root: Path, cfg: SynthConfig) -> Iterator[Candidate]:
     if cfg.sites is not None:
         files = [rel for rel in files if cfg.sites.get(rel)]
     sources = {rel: (root / rel).read_text(encoding="utf-8", errors="replace") for rel in files}
-    if cfg.sites is None:
-        sites = [(rel, m, i) for rel in files for m in cfg.mutators for i in range(count_sites(sources[rel], m))]
-    else:  # only the chosen lines' sites are ever mutated
-        sites = [(rel, m, i) for rel in files for m in cfg.mutators
-                 for i, ln in enumerate(site_lines(sources[rel], m)) if ln in cfg.sites[rel]]
+    # with `sites`, only the chosen lines' sites are ever mutated
+    sites = [(rel, m, i) for rel in files for m in cfg.mutators for i, ln in enumerate(site_lines(sources[rel], m))
+             if cfg.sites is None or ln in cfg.sites[rel]]
     random.Random(cfg.seed).shuffle(sites)
     seen: set[str] = set()
     for rel, m, i in sites:
