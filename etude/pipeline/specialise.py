@@ -122,6 +122,12 @@ class SpecialiseConfig:
     lora_r: int = 16
     lora_alpha: int = 32
     rl_lr: float = 5e-5
+    rl_weights: tuple[tuple[str, float], ...] = (("well_formed", -0.1),)
+    """stage 4's fix-env tier weights over the env's defaults (`[env.rewards] weights`): a reply
+    that does not try to edit scores below one that tries and misses (0). With the defaults (0
+    for both) GRPO from an adapter that edits collapsed to never editing, select-slice applied
+    edits 24/96 -> 0/96; with -0.1 it did not, 37/96 and 3 right fixes (bench/results/edit_rl.json,
+    edit_rl_attempt.json: chosen on the select slice)."""
     rl_step_s: float = 90.0
     """expected seconds per RL step on this machine, to turn the budget into steps (the run
     also stops at the budget's end whatever the estimate)."""
@@ -374,7 +380,7 @@ class Specialise:
         steps = max(2, int(seconds_left // c.rl_step_s))
         every = max(1, steps // 2)
         cfg = rl_stage_config(c.rl_config, self.out, self.base, adapter, self.backend, lr=c.rl_lr, steps=steps,
-                              seed=c.seed, every=every, time_limit_s=seconds_left)
+                              seed=c.seed, every=every, time_limit_s=seconds_left, weights=dict(c.rl_weights))
         res = in_child(train, cfg, self.out / "rl", progress=True)
         evals = [{"step": e["step"], "right_fix": e.get("eval/successes"), "reward": e.get("eval/reward")}
                  for e in res["evals"]]
@@ -384,16 +390,8 @@ class Specialise:
 
     # -- 5. choose on the select slice
     def choose(self, sft: dict[str, Any], rl: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """The RL adapter when its last select-slice evaluation has at least the right fixes of
-        its first (step 0 = the SFT adapter), else the SFT adapter. Never reads held-out tasks."""
-        chosen, why = sft["adapter"], "SFT adapter (no RL steps)"
-        evals = [e for e in rl.get("evals", []) if e.get("right_fix") is not None]
-        if rl.get("steps") and rl.get("checkpoint") and evals:
-            first, last = evals[0]["right_fix"], evals[-1]["right_fix"]
-            if last >= first:
-                chosen, why = rl["checkpoint"], f"RL adapter: select right fixes {first} -> {last}"
-            else:
-                why = f"SFT adapter: RL lowered select right fixes {first} -> {last}"
+        """Ship the adapter `pick_adapter` chooses, in bf16, with its merged model beside it."""
+        chosen, why = pick_adapter(sft["adapter"], rl)
         dest = self.out / "adapter"
         tmp = self.out / ".adapter-tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -485,12 +483,31 @@ def _to_bf16(path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
+
+def pick_adapter(sft_adapter: str, rl: dict[str, Any]) -> tuple[str, str]:
+    """Stage 5's choice, and why: the RL adapter when its last select-slice evaluation has more
+    right fixes than its first (step 0 = the SFT adapter), or as many and a mean reward at least
+    as high; else the SFT adapter. (The reward breaks ties: an RL run that stopped editing keeps
+    its right fixes at 0 = 0 but its reward falls.) Never reads held-out tasks."""
+    evals = [e for e in rl.get("evals", []) if e.get("right_fix") is not None]
+    if not (rl.get("steps") and rl.get("checkpoint") and evals):
+        return sft_adapter, "SFT adapter (no RL steps)"
+    first, last = evals[0], evals[-1]
+    says = f"select right fixes {first['right_fix']} -> {last['right_fix']}"
+    if first.get("reward") is not None and last.get("reward") is not None:
+        says += f", mean reward {first['reward']:.3f} -> {last['reward']:.3f}"
+    if (last["right_fix"], last.get("reward") or 0.0) >= (first["right_fix"], first.get("reward") or 0.0):
+        return rl["checkpoint"], f"RL adapter: {says}"
+    return sft_adapter, f"SFT adapter: RL lowered {says}"
+
 def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend: str, *, lr: float, steps: int,
-                    seed: int, every: int, time_limit_s: float | None = None, **extra: Any):
+                    seed: int, every: int, time_limit_s: float | None = None,
+                    weights: dict[str, float] | None = None, **extra: Any):
     """The TrainConfig of stage 4 (GRPO on the edit turn, the LoRA adapter continued from
     `adapter`) for the run in `out` after its split and drills: it trains on the train tasks and
-    the drills (written to tasks/rl_train.jsonl here) and validates on tasks/select.jsonl; `extra`
-    are further overrides (bench/rl_memory.py turns gradient checkpointing off and on)."""
+    the drills (written to tasks/rl_train.jsonl here) and validates on tasks/select.jsonl;
+    `weights` are fix-env tier weights over the env's defaults (None or empty: the defaults);
+    `extra` are further overrides (bench/rl_memory.py turns gradient checkpointing off and on)."""
     tasks = out / "tasks"
     drills = load_tasks(tasks / "drills.jsonl") if (tasks / "drills.jsonl").is_file() else []
     _save(load_tasks(tasks / "train.jsonl") + drills, tasks / "rl_train.jsonl")
@@ -499,7 +516,8 @@ def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend:
         "seed": seed, "eval_every": every, "checkpoint_every": every or steps, "keep_checkpoints": 4,
         "time_limit_s": time_limit_s, "env.tasks_file": str(out / "tasks" / "rl_train.jsonl"),
         "env.eval_tasks_file": str(out / "tasks" / "select.jsonl"), "env.num_train": 100000,
-        "env.num_test": 100000, "eval_problems": None, **extra}, backend))
+        "env.num_test": 100000, "eval_problems": None, **({"env.rewards.weights": weights} if weights else {}),
+        **extra}, backend))
 
 
 # What each stage reads (config fields; with the earlier stages it names): a rerun with another
@@ -541,7 +559,7 @@ def run_specialise(cfg: SpecialiseConfig, console: Console | None = None, until:
         sft = run("3. SFT (LoRA)", sp.sft, uses=sft_uses, after=("2. split", "2b. drills"))
         spent = st.state["stages"]["3. SFT (LoRA)"]["seconds"] if st.done("3. SFT (LoRA)") else time.monotonic() - t_train
         rl = run("4. RL on the edit turn", lambda: sp.rl(sft["adapter"], cfg.minutes * 60 - spent),
-                 uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
+                 uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_weights", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
         run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
         heldout = sp.out / "tasks" / "heldout.jsonl"
         run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
