@@ -57,7 +57,7 @@ from etude.serve import registry
 from etude.store import open_store
 from etude.store.sql import ORG_RE
 from etude.tasks import save_tasks
-from etude.tasks.curriculum import BUILTIN, function_curriculum, package_curriculum, repo_curriculum
+from etude.tasks.curriculum import function_curriculum, package_curriculum, pinned_sha256, repo_curriculum
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.history import HistoryConfig, mine_history, summary
 from etude.tasks.schema import load_tasks
@@ -245,8 +245,7 @@ def repo_tasks(spec: str, n: int, seed: int, progress: Any = None) -> list[Task]
     """Level-1 curriculum tasks of one repository (built once, then cached)."""
 
     if "==" in spec:
-        pins = {m.spec: m.sha256 for m in BUILTIN}
-        return package_curriculum(spec, 1, n, seed, pins.get(spec), progress)
+        return package_curriculum(spec, 1, n, seed, pinned_sha256(spec), progress)
     return repo_curriculum(Path(spec), 1, n, seed, progress)
 
 

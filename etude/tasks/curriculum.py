@@ -85,6 +85,11 @@ BUILTIN: tuple[Member, ...] = (
     Member("inflection==0.5.1", "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417", "test", 25),
 )  # fmt: skip
 
+
+def pinned_sha256(spec: str) -> str | None:
+    """The sdist checksum the built-in suite pins for `spec` (NAME==VERSION), or None."""
+    return next((m.sha256 for m in BUILTIN if m.spec == spec), None)
+
 SPLITS = ("train", "validation", "test")
 
 
@@ -279,8 +284,7 @@ def function_curriculum(spec: str, functions: Collection[str], n: int, seed: int
             by_file.setdefault(rel, set()).add(name)
     if "==" in spec:
         name, ver = parse_spec(spec)
-        pins = {m.spec: m.sha256 for m in BUILTIN}
-        root, package, repo = fetch_sdist(name, ver, pins.get(spec)).root, spec, None
+        root, package, repo = fetch_sdist(name, ver, pinned_sha256(spec)).root, spec, None
     else:
         root = Path(spec).resolve()
         package, repo = None, root
@@ -316,11 +320,10 @@ def build(packages: Sequence[str], level: int, max_tasks: int, seed: int = 0,
         raise EtudeError(f"curriculum level must be 1, 2 or 3, not {level}")
     if max_tasks < 1:
         raise EtudeError(f"--max must be at least 1, got {max_tasks}")
-    pins = {m.spec: m.sha256 for m in BUILTIN}
     quota = math.ceil(max_tasks / len(packages))
     out: list[Task] = []
     for spec in packages:
-        out += package_curriculum(spec, level, quota, seed, pins.get(spec), progress)[:quota]
+        out += package_curriculum(spec, level, quota, seed, pinned_sha256(spec), progress)[:quota]
     return out[:max_tasks]
 
 
