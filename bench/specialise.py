@@ -31,6 +31,7 @@ from typing import Any
 from etude.evals.results import write_result
 from etude.evals.stats import holm
 from etude.pipeline.compare import eval_records, paired_figures, paired_table
+from etude.pipeline.learning import eval_harness
 from etude.pipeline.memory import PeakMemory
 from etude.pipeline.specialise import EPISODE_USES, Specialise, SpecialiseConfig, run_specialise, sft_inputs
 from etude.provenance import provenance
@@ -179,6 +180,9 @@ def main() -> None:
                     help="with --verify-edits: a run directory of the same training stages evaluated without "
                          "verification (one greedy attempt); its four evaluations are added as arms greedy-*")
     ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--name", default="specialise",
+                    help="the result's name: RESULTS/NAME.json, NAME.records.jsonl and plots in RESULTS/NAME/ "
+                         "(another name for a run that is not the bench's organisation, e.g. one repository)")
     a = ap.parse_args()
     t0 = time.time()
     cfg = SpecialiseConfig(org=a.org, repos=tuple(a.repos.split(",")), out=a.out, base=a.base, minutes=a.minutes,
@@ -240,15 +244,16 @@ def main() -> None:
         "budget_curve": {"points": points, "correction": "Holm over the curve's points (figures family budget_curve)",
                          "note": "reported, not picked from: the shipped adapter was chosen on the select slice"},
         "harness": {"verify_edits": a.verify_edits,
+                    "read_max_lines": eval_harness(cfg.agent_config).tools_config.read_max_lines,
                     "greedy_run": {"dir": str(Path(a.greedy_run).resolve()), "note": "the same adapter "
                                    "(byte-identical) on the same tasks, evaluated with one greedy attempt"}
                     if greedy else None},
         "stages": rep["stages"], "memory": mem.to_dict(), "targets": targets,
-        "plots": plot(rep, points, res / "specialise"),
+        "plots": plot(rep, points, res / a.name),
     }
     prov = provenance(seeds={"split": a.seed, "curriculum": a.seed, "drills": a.seed + 7}, started=t0,
                       stages={**rep["stages"], **sp.stages.times()})
-    write_result(res / "specialise.json", figures, eval_records(arms), prov, meta=meta)
+    write_result(res / f"{a.name}.json", figures, eval_records(arms), prov, meta=meta)
     print(json.dumps({"heldout": meta["heldout"], "no_regression": g["no_regression"],
                       "curve": [(p["point"], p["resolved"], p["mcnemar_p_holm"]) for p in points]}, default=str))
 

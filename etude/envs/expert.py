@@ -124,6 +124,16 @@ def span_of(source: str, name: str, line: int | None = None) -> tuple[int, int] 
 READ_LINES = 25  # the expert reads a function in windows of this many lines, from its `def` line
 
 
+def read_capped(hc: Any) -> bool:
+    """Whether the harness `hc` caps read_file at READ_LINES lines, so that a read naming only its
+    start_line shows one expert window and ends with the tool's "read more with start_line=N"
+    (etude.tools.read_file): the next window is then a number copied from the screen, where an
+    explicit end_line is an addition a small model gets wrong. (The SFT models read windows of
+    4-5 lines where the expert read 25, on the general validation split, and ran out of turns
+    before the function's bug was on screen.)"""
+    return hc.tools_config.read_max_lines == READ_LINES
+
+
 def _windows(first: int, bug: int, last: int, most: int = 4) -> list[tuple[int, int]]:
     """Windows of READ_LINES lines from the definition's line `first`, window after window until
     the function's `last` line is on screen, at most `most` windows. Only what the agent has seen
@@ -176,9 +186,12 @@ class ExpertPolicy(NativeToolsPolicy):
     native_tools = False
 
     def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True,
-                 wrong_first: bool = True, drill: bool = False):
+                 wrong_first: bool = True, drill: bool = False, capped_reads: bool = False):
         self.id, self.version = "expert", 0
         self.task = task
+        # capped_reads: the harness's read_file shows READ_LINES lines at most (`read_capped`), so
+        # every read names its start_line alone, copied from what is on screen (see the module doc)
+        self.capped_reads = capped_reads
         self.rng = random.Random(f"{seed}:{task.instance_id}")
         self.untrained: list[int] = []  # assistant turns (0-based) SFT must not learn from (a wrong fix)
         self.decoy_failed: bool | None = None  # whether that run failed, as it must for the plan to be kept
@@ -226,14 +239,17 @@ class ExpertPolicy(NativeToolsPolicy):
             raise ValueError("the bug is not inside a known function")
         return hunk, src, edit, func, bug_line, span
 
-    @staticmethod
-    def _grep_and_reads(hunk: Hunk, func: str, bug_line: int,
+    def _grep_and_reads(self, hunk: Hunk, func: str, bug_line: int,
                         span: tuple[int, int]) -> tuple[ToolCall, list[list[ToolCall]]]:
         """The grep for the function's `def` and its reads, window by window (`_windows`)."""
         grep = ToolCall("", "grep", {"pattern": f"def {func.split('.')[-1]}\\b", "path": hunk.path})
-        reads = [[ToolCall("", "read_file", {"path": hunk.path, "start_line": lo, "end_line": hi})]
+        reads = [[ToolCall("", "read_file", self._read_args(hunk.path, lo, hi))]
                  for lo, hi in _windows(span[0], bug_line, span[1])]
         return grep, reads
+
+    def _read_args(self, path: str, lo: int, hi: int) -> dict[str, Any]:
+        """A read of lines lo..hi: with capped reads, `start_line` alone (the cap ends it at hi)."""
+        return {"path": path, "start_line": lo} if self.capped_reads else {"path": path, "start_line": lo, "end_line": hi}
 
     def _drill(self, template: Path) -> list[list[ToolCall] | str]:
         """A fix drill (see `drill_trajectories` in etude.envs.sources): grep for the function, read it
@@ -265,8 +281,7 @@ class ExpertPolicy(NativeToolsPolicy):
         if test_at is not None and rng.random() < 0.5:
             tpath, tleaf, tline = test_at
             locate.append(ToolCall("", "grep", {"pattern": f"def {tleaf}\\b", "path": tpath}))
-            reads[0].append(ToolCall("", "read_file", {"path": tpath, "start_line": tline,
-                                                       "end_line": tline + TEST_READ_LINES - 1}))
+            reads[0].append(ToolCall("", "read_file", self._read_args(tpath, tline, tline + TEST_READ_LINES - 1)))
         old_str, new_str = edit
         fix = [ToolCall("", "edit_file", {"path": hunk.path, "old_str": old_str, "new_str": new_str})]
         bare = "\n".join(hunk.old)

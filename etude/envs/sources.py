@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.envs.episode import open_task_episode, run_episode, task_harness_config, task_request
-from etude.envs.expert import ExpertPolicy
+from etude.envs.expert import ExpertPolicy, read_capped
 from etude.errors import EtudeError
 from etude.harness.config import HarnessConfig
 from etude.harness.record import trajectory_from_dict
@@ -122,12 +122,12 @@ def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, 
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
         template = prepare_repo(t)
-        pol = ExpertPolicy.for_task(t, template, seed)
+        pol = ExpertPolicy.for_task(t, template, seed, capped_reads=read_capped(hc))
         if pol is None:
             return None
         traj, outcome = run_episode(t, pol, hc)
         if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
-            pol = ExpertPolicy(t, template, seed, wrong_first=False)  # a plan without one
+            pol = ExpertPolicy(t, template, seed, wrong_first=False, capped_reads=read_capped(hc))  # a plan without one
             traj, outcome = run_episode(t, pol, hc)
         if pol.untrained:
             traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
@@ -147,7 +147,7 @@ def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, s
     refused is dropped."""
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
-        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True)
+        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=read_capped(hc))
         if pol is None:
             return None
         with open_task_episode(t) as ep:

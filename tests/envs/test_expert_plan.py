@@ -170,3 +170,27 @@ def test_drill_refuses_a_bug_outside_any_function(tmp_path: Path) -> None:
     t = Task(t.instance_id, t.repo, t.base_commit, t.patch, "", "x", FAIL_TO_PASS=t.FAIL_TO_PASS,
              meta={"function": "nowhere", "lines": [7]})
     assert ExpertPolicy.for_task(t, _template(tmp_path), drill=True) is None
+
+
+def test_capped_reads_name_a_start_line_on_screen_and_the_tool_ends_them_at_the_window(tmp_path: Path) -> None:
+    """With a harness whose read_file shows READ_LINES lines (configs/agent_sft.toml), every read
+    names its start_line alone, and the next window's start_line is the one the tool printed."""
+    from etude.envs.expert import read_capped
+    from etude.harness.config import HarnessConfig
+    from etude.protocols import ToolContext
+    from etude.tools.read_file import TOOL
+
+    root = _template(tmp_path)
+    for i in range(20):
+        reads = [c for r in _replies(ExpertPolicy(_task(i), root, seed=i, semantic_search=False, capped_reads=True))
+                 for c in r if c.name == "read_file"]
+        assert reads and all(set(c.arguments) == {"path", "start_line"} for c in reads)
+    hc = HarnessConfig(tools_config={"read_max_lines": READ_LINES})
+    assert read_capped(hc) and not read_capped(HarnessConfig())
+    long = tmp_path / "long.py"
+    long.write_text("".join(f"x{n} = {n}\n" for n in range(1, 101)))
+    ctx = ToolContext(workspace=str(tmp_path), config=hc.tools_config)
+    out = TOOL.run({"path": "long.py", "start_line": 10}, ctx)
+    first, second = _windows(10, 12, 60)[:2]
+    assert f"x{first[1]} = " in out.output and f"x{first[1] + 1} = " not in out.output
+    assert out.output.rstrip().endswith(f"read more with start_line={second[0]}]")
