@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any
 
 from etude.envs.episode import run_episode
@@ -140,6 +140,14 @@ class TasksEnv:
         pool = ThreadPoolExecutor(self.workers)
         try:
             futures = [pool.submit(self._one, pol, p, hc, stop) for p in jobs]
+            pending = set(futures)
+            while pending:
+                # wake every 0.2 s: a Ctrl-C the kernel handed to a worker thread runs its handler
+                # only when the main thread runs again, and a wait without a timeout would sleep
+                # until an episode ends (seen with the whole test suite's threads about)
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                for f in done:
+                    f.result()  # an episode that failed stops the others now
             return [f.result() for f in futures]
         except BaseException:
             # Ctrl-C, or an episode that failed: queued episodes never start and those in flight
