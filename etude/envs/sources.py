@@ -119,15 +119,16 @@ def _per_task(tasks: Sequence[Task], out: Path, seed: int, workers: int, progres
 def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, seed: int = 0, workers: int = 2,
                         progress: Progress | None = None) -> list[Trajectory]:
     """Resolved expert trajectories, one per task that the expert can plan for (cached in `out`)."""
+    capped = read_capped(hc)
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
         template = prepare_repo(t)
-        pol = ExpertPolicy.for_task(t, template, seed, capped_reads=read_capped(hc))
+        pol = ExpertPolicy.for_task(t, template, seed, capped_reads=capped)
         if pol is None:
             return None
         traj, outcome = run_episode(t, pol, hc)
         if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
-            pol = ExpertPolicy(t, template, seed, wrong_first=False, capped_reads=read_capped(hc))  # a plan without one
+            pol = ExpertPolicy(t, template, seed, wrong_first=False, capped_reads=capped)  # a plan without one
             traj, outcome = run_episode(t, pol, hc)
         if pol.untrained:
             traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
@@ -145,9 +146,10 @@ def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, s
     and grades, so many more bugs can be shown for the same time. Its final answer is untrained
     (`meta.untrained_turns`): it would claim a result nobody checked. A drill whose edit the tool
     refused is dropped."""
+    capped = read_capped(hc)
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
-        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=read_capped(hc))
+        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=capped)
         if pol is None:
             return None
         with open_task_episode(t) as ep:

@@ -482,7 +482,6 @@ def _to_bf16(path: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-
 def pick_adapter(sft_adapter: str, rl: dict[str, Any]) -> tuple[str, str]:
     """Stage 5's choice, and why: the RL adapter when its last select-slice evaluation has more
     right fixes than its first (step 0 = the SFT adapter), or as many and a mean reward at least
@@ -498,6 +497,7 @@ def pick_adapter(sft_adapter: str, rl: dict[str, Any]) -> tuple[str, str]:
     if (last["right_fix"], last.get("reward") or 0.0) >= (first["right_fix"], first.get("reward") or 0.0):
         return rl["checkpoint"], f"RL adapter: {says}"
     return sft_adapter, f"SFT adapter: RL lowered {says}"
+
 
 def rl_stage_config(rl_config: str, out: Path, base: str, adapter: str, backend: str, *, lr: float, steps: int,
                     seed: int, every: int, time_limit_s: float | None = None,

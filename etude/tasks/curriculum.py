@@ -90,6 +90,7 @@ def pinned_sha256(spec: str) -> str | None:
     """The sdist checksum the built-in suite pins for `spec` (NAME==VERSION), or None."""
     return next((m.sha256 for m in BUILTIN if m.spec == spec), None)
 
+
 SPLITS = ("train", "validation", "test")
 
 
