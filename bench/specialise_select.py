@@ -11,7 +11,12 @@ counts how each arm's verified attempts ended.
 
     python bench/specialise_select.py --run runs/bench_specialise [--verify-edits 8]
 
-Writes bench/results/specialise_select.json and .records.jsonl through write_result.
+`--suite general` evaluates on the run's general validation tasks (RUN/tasks/general.jsonl, the
+validation split of the built-in curriculum, never the test split) instead: more tasks than the
+select slice, from other packages. `--settings` and `--models` keep some arms only.
+
+Writes bench/results/specialise_select.json (with --suite general: specialise_select_general.json)
+and .records.jsonl through write_result.
 """
 
 from __future__ import annotations
@@ -52,47 +57,61 @@ def main() -> None:
     ap.add_argument("--agent-config", default="configs/agent_sft.toml")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--workers", type=int, default=16)
-    ap.add_argument("--out", default=str(RESULTS / "specialise_select.json"))
+    ap.add_argument("--suite", choices=("select", "general"), default="select",
+                    help="the run's select slice (tasks/select.jsonl) or its general validation tasks (tasks/general.jsonl)")
+    ap.add_argument("--settings", default="verify0,verifyK,verifyK-unapplied",
+                    help="comma-separated arms' settings: verify0 (one greedy attempt), verifyK, verifyK-unapplied")
+    ap.add_argument("--models", default="base,adapter", help="comma-separated: base, adapter")
+    ap.add_argument("--out", default=None, help="default: bench/results/specialise_select[_general].json")
     a = ap.parse_args()
     t0 = time.time()
     if a.verify_edits < 2:
         raise SystemExit("--verify-edits must be at least 2 (1 is the greedy arm already evaluated)")
     run = Path(a.run).resolve()
-    if not (run / "tasks" / "select.jsonl").is_file() or not (run / "merged").is_dir():
-        raise SystemExit(f"--run {run}: not a finished `etude specialise` run (tasks/select.jsonl, merged/)")
+    suite = run / "tasks" / f"{a.suite}.jsonl"
+    if not suite.is_file() or not (run / "merged").is_dir() or not (run / "report.json").is_file():
+        raise SystemExit(f"--run {run}: not a finished `etude specialise` run (tasks/{a.suite}.jsonl, merged/, report.json)")
+    out = Path(a.out) if a.out else RESULTS / ("specialise_select.json" if a.suite == "select"
+                                               else "specialise_select_general.json")
     base = json.loads((run / "report.json").read_text())["base"]
-    models = {"base": base, "adapter": str(run / "merged")}
+    every = {"base": base, "adapter": str(run / "merged")}
+    models = {m: every[m] for m in a.models.split(",") if m in every}
+    if not models or len(models) != len(a.models.split(",")):
+        raise SystemExit(f"--models {a.models!r}: name base and/or adapter")
     h0 = dataclasses.replace(load_sft_config(a.agent_config).harness_config(), temperature=0.0)
     arms: dict[str, Path] = {}
     stages: dict[str, dict[str, float]] = {}
     k = a.verify_edits
-    settings = {"verify0": (0, False), f"verify{k}": (k, False), f"verify{k}-unapplied": (k, True)}
+    every_setting = {"verify0": (0, False), "verifyK": (k, False), "verifyK-unapplied": (k, True)}
+    wanted = a.settings.split(",")
+    if not wanted or any(w not in every_setting for w in wanted):
+        raise SystemExit(f"--settings {a.settings!r}: name verify0, verifyK and/or verifyK-unapplied")
+    settings = {w.replace("K", str(k)): every_setting[w] for w in wanted}
     for setting, (edits, unapplied) in settings.items():
         for name, model in models.items():
             arm = f"{name}-{setting}"
-            d = run / "select-eval" / arm
+            d = run / f"{a.suite}-eval" / arm
             t = time.monotonic()
             h = h0.replace(verify_edits=edits, verify_unapplied=unapplied)
             cfg = EvalConfig(workers=a.workers, harness=h, bootstrap=200, backend=resolve_backend(a.backend))
-            run_eval(run / "tasks" / "select.jsonl", model, d, cfg, fresh_for_new_weights=True)
+            run_eval(suite, model, d, cfg, fresh_for_new_weights=True)
             stages[arm] = {"seconds": round(time.monotonic() - t, 1)}
             arms[arm] = d
     v, u = f"verify{k}", f"verify{k}-unapplied"
-    figures = {**paired_figures("greedy", "base-verify0", "adapter-verify0"),
-               **paired_figures(v, f"base-{v}", f"adapter-{v}"),
-               **paired_figures(u, f"base-{u}", f"adapter-{u}"),
-               **paired_figures("base", "base-verify0", f"base-{v}"),
-               **paired_figures("adapter", "adapter-verify0", f"adapter-{v}"),
-               **paired_figures("unapplied.base", f"base-{v}", f"base-{u}"),
-               **paired_figures("unapplied.adapter", f"adapter-{v}", f"adapter-{u}")}
-    meta = {"what": "select slice of an etude specialise run (train-side functions kept out of training): "
-                    f"base and adapter, one greedy attempt vs up to {k} verified attempts per edit turn, "
+    pairs = [("greedy", "base-verify0", "adapter-verify0"), (v, f"base-{v}", f"adapter-{v}"),
+             (u, f"base-{u}", f"adapter-{u}"), ("base", "base-verify0", f"base-{v}"),
+             ("adapter", "adapter-verify0", f"adapter-{v}"), ("unapplied.base", f"base-{v}", f"base-{u}"),
+             ("unapplied.adapter", f"adapter-{v}", f"adapter-{u}")]
+    figures = {k_: f for name, x, y in pairs if x in arms and y in arms for k_, f in paired_figures(name, x, y).items()}
+    what = ("select slice of an etude specialise run (train-side functions kept out of training)" if a.suite == "select"
+            else "general validation tasks of an etude specialise run (the built-in curriculum's validation split)")
+    meta = {"what": f"{what}: {', '.join(models)}, one greedy attempt vs up to {k} verified attempts per edit turn, "
                     "the latter without and with re-sampling an edit turn whose edits were all refused "
                     "(HarnessConfig.verify_unapplied)",
-            "run": str(run), "models": models, "verify_edits": k, "verify_scope": h0.verify_scope,
+            "suite": str(suite), "run": str(run), "models": models, "verify_edits": k, "verify_scope": h0.verify_scope,
             "attempts": {arm: attempt_outcomes(d) for arm, d in arms.items()}}
-    write_result(Path(a.out), figures, eval_records(arms), provenance(started=t0, stages=stages), meta=meta)
-    doc = json.loads(Path(a.out).read_text())
+    write_result(out, figures, eval_records(arms), provenance(started=t0, stages=stages), meta=meta)
+    doc = json.loads(out.read_text())
     print(json.dumps({n: {f: v.get(f) for f in ("a_k", "b_k", "n", "p")} for n, v in doc["figures"].items()
                       if v.get("kind") == "paired" and v.get("field") == "resolved"}, indent=1))
 

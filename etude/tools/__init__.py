@@ -78,7 +78,8 @@ def run_tool(name: str, args: Any, ctx: ToolContext) -> ToolResult:
         problems = validate(args, tool.schema["parameters"])
         if problems:
             return ToolResult.fail(
-                f"invalid arguments for {name}: " + "; ".join(problems), error_kind="invalid_arguments"
+                f"invalid arguments for {name}: " + "; ".join(problems) + _other_tool(name, args, tool),
+                error_kind="invalid_arguments",
             )
         result = tool.run(args, ctx)
         if not isinstance(result, ToolResult):
@@ -88,6 +89,21 @@ def run_tool(name: str, args: Any, ctx: ToolContext) -> ToolResult:
         return ToolResult.fail(e.message, error_kind=e.kind, **e.meta)
     except Exception as e:  # noqa: BLE001 - the point of run_tool: the agent loop never sees an exception
         return ToolResult.fail(f"{name} failed: {type(e).__name__}: {e}", error_kind="exception")
+
+
+def _other_tool(name: str, args: dict[str, Any], tool: Tool) -> str:
+    """A hint when the arguments are another tool's, whole: arguments this tool does not take,
+    and another tool that takes every one of them and needs no more (a small model writes an
+    edit's old_str/new_str under the name read_file). "" otherwise."""
+    if not set(args) - set(tool.schema["parameters"].get("properties", {})):
+        return ""
+    for other in available():
+        if other == name:
+            continue
+        params = get_tool(other).schema["parameters"]
+        if set(args) <= set(params.get("properties", {})) and set(params.get("required", ())) <= set(args):
+            return f"; these are {other}'s arguments: to use them, call {other}"
+    return ""
 
 
 def _bounded(result: ToolResult, max_chars: int) -> ToolResult:

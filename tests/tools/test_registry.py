@@ -71,6 +71,17 @@ def test_invalid_arguments_are_explained(ctx: ToolContext, args: dict, expected:
     assert expected in res.error, res.error
 
 
+def test_another_tools_arguments_name_that_tool(ctx: ToolContext) -> None:
+    # a small model writes an edit under the name read_file: the error says which tool takes them
+    edit = {"path": "README.md", "old_str": "a", "new_str": "b"}
+    res = run_tool("read_file", edit, ctx)
+    assert not res.ok and res.meta["error_kind"] == "invalid_arguments"
+    assert res.error.endswith("; these are edit_file's arguments: to use them, call edit_file"), res.error
+    # no hint when no other tool takes them all, or when nothing is unknown (only a type is wrong)
+    for args in ({"path": "a", "line": 3}, {"path": "a", "start_line": "3"}, {"path": "a", "old_str": "x"}):
+        assert "these are" not in run_tool("read_file", args, ctx).error
+
+
 def test_arguments_may_arrive_as_json_text(ctx: ToolContext) -> None:
     assert run_tool("read_file", '{"path": "README.md"}', ctx).ok
     for bad in ("{not json", "[1, 2]", 42):
