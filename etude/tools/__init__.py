@@ -100,7 +100,10 @@ def _other_tool(name: str, args: dict[str, Any], tool: Tool) -> str:
     for other in available():
         if other == name:
             continue
-        params = get_tool(other).schema["parameters"]
+        try:
+            params = get_tool(other).schema["parameters"]
+        except Exception:  # noqa: BLE001 - a tool that cannot load must not hide this call's own error
+            continue
         if set(args) <= set(params.get("properties", {})) and set(params.get("required", ())) <= set(args):
             return f"; these are {other}'s arguments: to use them, call {other}"
     return ""

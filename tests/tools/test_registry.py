@@ -82,6 +82,22 @@ def test_another_tools_arguments_name_that_tool(ctx: ToolContext) -> None:
         assert "these are" not in run_tool("read_file", args, ctx).error
 
 
+def test_a_tool_that_cannot_load_leaves_the_arguments_error(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    import etude.tools as tools
+
+    real = tools.get_tool
+
+    def flaky(name: str):
+        if name == "edit_file":
+            raise ImportError("no module named something_heavy")
+        return real(name)
+
+    monkeypatch.setattr(tools, "get_tool", flaky)
+    res = run_tool("read_file", {"path": "README.md", "old_str": "a", "new_str": "b"}, ctx)
+    assert res.meta["error_kind"] == "invalid_arguments" and "unknown argument(s)" in res.error, res.error
+    assert "these are edit_file's" not in res.error
+
+
 def test_arguments_may_arrive_as_json_text(ctx: ToolContext) -> None:
     assert run_tool("read_file", '{"path": "README.md"}', ctx).ok
     for bad in ("{not json", "[1, 2]", 42):
