@@ -75,16 +75,17 @@ def main() -> None:
                                                else "specialise_select_general.json")
     base = json.loads((run / "report.json").read_text())["base"]
     every = {"base": base, "adapter": str(run / "merged")}
-    models = {m: every[m] for m in a.models.split(",") if m in every}
-    if not models or len(models) != len(a.models.split(",")):
+    names = a.models.split(",")
+    if len(set(names)) != len(names) or any(m not in every for m in names):
         raise SystemExit(f"--models {a.models!r}: name base and/or adapter")
+    models = {m: every[m] for m in names}
     h0 = dataclasses.replace(load_sft_config(a.agent_config).harness_config(), temperature=0.0)
     arms: dict[str, Path] = {}
     stages: dict[str, dict[str, float]] = {}
     k = a.verify_edits
     every_setting = {"verify0": (0, False), "verifyK": (k, False), "verifyK-unapplied": (k, True)}
     wanted = a.settings.split(",")
-    if not wanted or any(w not in every_setting for w in wanted):
+    if any(w not in every_setting for w in wanted):
         raise SystemExit(f"--settings {a.settings!r}: name verify0, verifyK and/or verifyK-unapplied")
     settings = {w.replace("K", str(k)): every_setting[w] for w in wanted}
     for setting, (edits, unapplied) in settings.items():
