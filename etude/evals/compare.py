@@ -17,7 +17,11 @@ A gated metric (one with a margin δ, the largest tolerated worsening) gets one 
   others: the whole interval on the worse side of zero); rule "point": the point estimate alone;
 - **passed**: the interval's bad end is within δ (and, for 0/1 values, the exact
   non-inferiority test rejects harm at (1 − confidence)/2);
-- **inconclusive** otherwise: the suite cannot exclude harm, and the gate does not pass.
+- **inconclusive** otherwise: the suite cannot exclude harm, and the gate does not pass;
+- **no baseline**: production has no value on any task of the suite (a metric of edits, such as
+  adherence, when production's model made no edit), so there is nothing the candidate could lose
+  on it; reported, it neither passes nor blocks the gate (the other metrics decide). A candidate
+  with no value where production has one stays inconclusive.
 `gate` is "failed" if any gated metric failed, else "inconclusive" if any is, else "passed";
 `gate_passed` = (gate == "passed"). What this does not guarantee: control of the family-wise
 error over many metrics (each is tested on its own), or anything about tasks outside the suite.
@@ -109,7 +113,12 @@ def compare_metric(
     higher, margin = DIRECTION[metric], cfg.margins.get(metric)
     out: dict[str, Any] = {"n": len(ids), "higher_is_better": higher, "margin": margin, "gated": margin is not None}
     if not ids:
-        verdict = "inconclusive" if margin is not None else "not gated"
+        # No task has a value in both runs. A metric that production never had a value for (adherence
+        # when production's model makes no edit at all, e.g. the embedded default before its warm
+        # start) has nothing the candidate could lose: "no baseline", reported, not blocking. When
+        # production has values and the candidate none where it does, the harm cannot be excluded.
+        has_a = any(v is not None for v in a.values())
+        verdict = "not gated" if margin is None else "inconclusive" if has_a else "no baseline"
         return {**out, "a": None, "b": None, "delta": None, "ci_low": None, "ci_high": None, "interval": None,
                 "p_value": None, "test": None, "ni_p_value": None, "verdict": verdict, "regression": False,
                 "improvement": False}  # fmt: skip

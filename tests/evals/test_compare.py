@@ -94,6 +94,19 @@ def test_a_clear_gain_passes_a_small_suite(tmp_path):
     assert r["verdict"] == "passed" and r["improvement"] and v["gate_passed"] and "resolved" in v["improvements"]
 
 
+def test_a_metric_production_never_had_does_not_block_a_gain(tmp_path):
+    # production made no edit (adherence undefined on every task); the candidate edits and resolves 6
+    a = make_run(tmp_path / "a", "base", [0] * 30, adherence=[None] * 30)
+    b = make_run(tmp_path / "b", "cand", [1] * 6 + [0] * 24, adherence=[0.8] * 30)
+    v = compare(a, b)
+    adh = v["metrics"]["adherence"]
+    assert adh["n"] == 0 and adh["verdict"] == "no baseline" and not adh["regression"]
+    assert "adherence" not in v["inconclusive"] and v["gate"] == "passed" and "resolved" in v["improvements"]
+    # the other way round the candidate stopped editing where production edited: harm not excluded
+    back = compare(b, a)
+    assert back["metrics"]["adherence"]["verdict"] == "inconclusive" and back["gate"] != "passed"
+
+
 def test_suites_below_the_minimum_are_refused(tmp_path):
     a = make_run(tmp_path / "a", "base", [0, 0])
     b = make_run(tmp_path / "b", "cand", [0, 0])
