@@ -12,7 +12,7 @@ does by default; that choice was made on the select slice (bench/specialise_sele
 `--greedy-run DIR` (the same adapter evaluated with one greedy attempt) the greedy arms are added.
 
     python bench/specialise.py --base runs/general_sft/final \
-        --repos click==8.1.7,webcolors==24.8.0 --org acme --minutes 40 --out runs/bench_specialise
+        --repos click==8.1.7,webcolors==24.8.0 --org acme --out runs/bench_specialise
 
 Writes bench/results/specialise.json (figures recomputable by bench/verify.py, targets,
 provenance), specialise.records.jsonl (per-task outcomes of every evaluation it summarises) and
@@ -164,11 +164,11 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the general warm-started agent (a model directory)")
     ap.add_argument("--repos", default="click==8.1.7,webcolors==24.8.0")
     ap.add_argument("--org", default="acme")
-    ap.add_argument("--minutes", type=float, default=40.0)
+    ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench_specialise")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--general-tasks", type=int, default=50, help="validation-split tasks of the regression check")
+    ap.add_argument("--general-tasks", type=int, default=30, help="validation-split tasks of the regression check")
     ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
                     "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point; 'off': the shipped adapter "
                          "alone, not even the SFT adapter when RL's shipped)")
