@@ -164,11 +164,11 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the general warm-started agent (a model directory)")
     ap.add_argument("--repos", default="click==8.1.7,webcolors==24.8.0")
     ap.add_argument("--org", default="acme")
-    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--minutes", type=float, default=SpecialiseConfig.minutes)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench_specialise")
     ap.add_argument("--backend", default="auto")
-    ap.add_argument("--general-tasks", type=int, default=30, help="validation-split tasks of the regression check")
+    ap.add_argument("--general-tasks", type=int, default=SpecialiseConfig.general_tasks, help="validation-split tasks of the regression check")
     ap.add_argument("--curve", default=None, help="fractions of the SFT steps to evaluate on the held-out side, "
                     "comma-separated (default 1/3,2/3 or 1/2; 'none' for no extra point; 'off': the shipped adapter "
                          "alone, not even the SFT adapter when RL's shipped)")

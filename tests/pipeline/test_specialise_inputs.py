@@ -47,3 +47,16 @@ def test_until_names_a_stage(tmp_path):
     with pytest.raises(EtudeError, match="no stage 'sft'; the stages are: 1. tasks"):
         run_specialise(cfg, until="sft")
     assert not (tmp_path / "out").exists() and "3. SFT (LoRA)" in STAGES
+
+
+def test_the_cli_budget_default_is_the_configs():
+    """`etude specialise --minutes` states its default beside SpecialiseConfig's (the CLI does not
+    import the pipeline at start-up): the two must not drift apart."""
+    import typer
+
+    from etude.cli import app
+    from etude.pipeline.specialise import SpecialiseConfig
+
+    cmd = typer.main.get_command(app).commands["specialise"]
+    minutes = next(p for p in cmd.params if p.name == "minutes")
+    assert minutes.default == SpecialiseConfig.minutes
