@@ -370,7 +370,7 @@ def run(args: argparse.Namespace) -> None:
 
     # the whole train and validation splits, for the record (cached: built by the SFT and RL stages)
     ts = time.time()
-    split = {s: builtin_curriculum(s, 1) for s in ("train", "validation", "test")}
+    split = {s: builtin_curriculum(s, 1, use="build") for s in ("train", "validation", "test")}
     walls["curriculum_s"] += time.time() - ts
     met = targets_met(stages, comparisons, len(test))
     walls["total_s"] = time.time() - t0
@@ -422,7 +422,7 @@ def targets_met(stages: dict[str, Any], comparisons: dict[str, Any], held_out: i
 def analyse_only(args: argparse.Namespace) -> None:
     t0 = time.time()
     work = Path(args.work)
-    test = builtin_curriculum("test", 1)
+    test = builtin_curriculum("test", 1, use="final")
     runs = {n: work / f"eval-{n}" for n in ("base", "sft", "rl") if (work / f"eval-{n}" / "results.jsonl").is_file()}
     if not {"base", "sft"} <= set(runs):
         raise SystemExit(f"--analyse-only: {work} holds no eval-base and eval-sft results")
@@ -433,7 +433,7 @@ def analyse_only(args: argparse.Namespace) -> None:
     comparisons = paired_runs(runs, pairs, ids)
     sft = json.loads((work / "sft" / "summary.json").read_text())
     walls = {n: sum(float(r.get("episode_s", 0)) for r in records(p).values()) for n, p in runs.items()}
-    split = {s: builtin_curriculum(s, 1) for s in ("train", "validation", "test")}
+    split = {s: builtin_curriculum(s, 1, use="build") for s in ("train", "validation", "test")}
     meta = {
         "bench": "agent_learning", "mode": "analyse-only (stages run by bench/agent_learning.py; the evaluations "
         "were stopped before the whole test split, so only the held-out tasks every stage finished are counted)",

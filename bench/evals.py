@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         args.max_tasks = 1
     started = time.time()
     load0 = os.getloadavg()
-    tasks = resolve_suite(args.suite, args.max_tasks)
+    tasks = resolve_suite(args.suite, args.max_tasks, use="final")  # timing of fixed policies: nothing is chosen
     for t in tasks:
         prepare_repo(t)  # templates and venvs built before anything is timed
     records = [{"measure": "grade_only", "task": t.instance_id, "seconds": timed(grade_patch, t, t.patch)[0]}

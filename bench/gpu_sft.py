@@ -58,6 +58,7 @@ def prepare(args: argparse.Namespace) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from etude.policy.models import smollm2_tokenizer
+    from etude.tasks import seal
     from etude.tasks.schema import load_tasks
     from etude.train.sft import (
         conversation_sequences,
@@ -86,8 +87,9 @@ def prepare(args: argparse.Namespace) -> None:
         trajs = pools.get("expert") or []
         drills = []
         if args.drill_tasks:  # fix drills on more tasks (new bugs in the train split's packages)
-            expert = load_task_source(cfg.tasks, cfg.level, cfg.max_tasks)  # the tasks gather ran the expert on
-            extra = new_drill_tasks([t for f in args.drill_tasks.split(",") for t in load_tasks(f)], expert)
+            expert = load_task_source(cfg.tasks, cfg.level, cfg.max_tasks, use="train")  # the tasks gather ran the expert on
+            extra = new_drill_tasks(seal.guard([t for f in args.drill_tasks.split(",") for t in load_tasks(f)],
+                                               use="train", where="--drill-tasks"), expert)
             drills = drill_trajectories(extra, cfg.harness_config(), out / "data" / "drill.jsonl",
                                         workers=cfg.expert_workers, progress=tracker("fix drills"))
     if not trajs:

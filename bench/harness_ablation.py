@@ -94,9 +94,11 @@ def main() -> None:
         if run.get("model") != args.model:
             raise EtudeError(f"--baseline {base} evaluated {run.get('model')!r}, not --model {args.model!r}")
         ids = list(run["instance_ids"])
-        test = {t.instance_id: t for t in builtin_curriculum("test", 1)}
+        # a harness is chosen on validation data: the sealed test split is refused (etude.tasks.seal)
+        test = {t.instance_id: t for t in builtin_curriculum("validation", 1, use="select")}
         if missing := [i for i in ids if i not in test]:
-            raise EtudeError(f"--baseline {base}: {len(missing)} task(s) not in the built-in held-out split")
+            raise EtudeError(f"--baseline {base}: {len(missing)} task(s) not in the built-in validation split "
+                             "(a harness is chosen on validation tasks, never the sealed test split)")
         tasks = [test[i] for i in ids]
         old = dict(run["config"]["harness"])
         harnesses = {n: HarnessConfig(**{**old, **ch}) for n, ch in variants.items()}
@@ -111,7 +113,7 @@ def main() -> None:
         t0 = time.time()
         cfg = EvalConfig(workers=args.workers, executor="threads", harness=hc, report=False, progress=True,
                          bootstrap=500, backend=args.eval_backend)
-        run_eval(tasks, args.model, out, cfg)
+        run_eval(tasks, args.model, out, cfg, use="select")
         arms[name] = {**arm_figures(out), "changes": variants[name], "harness": hc.to_dict(), "wall_s": time.time() - t0}
         dirs[name] = out
     pairs = {f"{b}_vs_{a}": paired_outcomes(dirs[a], dirs[b]) for a, b in combinations(dirs, 2)}

@@ -203,7 +203,7 @@ def model_records(models: dict[str, str], work: Path, setup: EvalSetup) -> list[
     out = []
     for arm, model in models.items():
         run = work / "eval" / arm
-        _, line = evaluate("builtin:history", model, run, setup)
+        _, line = evaluate("builtin:history", model, run, setup, use="final")
         print(f"{arm}: {line}")
         for r in _read_records(run / "results.jsonl"):
             repo = str(r.get("instance_id", "")).split("__", 1)[0]

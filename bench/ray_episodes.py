@@ -53,7 +53,7 @@ def one_run(tasks: list, executor: str, workers: int, out: Path, repeat: int | N
     `repeat` None is a warm-up, whose records are not kept."""
     cfg = EvalConfig(workers=workers, executor=executor, report=False, progress=False)
     t0 = time.perf_counter()
-    summary = run_eval(tasks, "oracle", out, cfg)
+    summary = run_eval(tasks, "oracle", out, cfg, use="final")
     wall = time.perf_counter() - t0
     n = summary["episodes"]
     rows = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines() if ln.strip()]
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
 
     started = time.time()
     load0 = os.getloadavg()
-    tasks = resolve_suite(args.suite, args.max_tasks)
+    tasks = resolve_suite(args.suite, args.max_tasks, use="final")  # the oracle and noop: nothing is chosen
     for t in tasks:
         prepare_repo(t)  # templates and venvs built before anything is timed
     t0 = time.perf_counter()

@@ -34,10 +34,10 @@ server resolves `auto`; no session, so nothing is pinned) are snapshotted before
 each traffic round and after the cycle; a cycle leaves B untouched when every snapshot equals the
 first.
 
-Confirmation (scenario a): the tasks of the specialise run's held-out functions that were neither
-the users' requests nor the gate's suite in any cycle (`etude.loop.cycle.org_tasks` splits the
-rest), each run once by production (the checkpoint in force when the cycle started) and once by
-the candidate, with the gate's harness (`etude.loop.cycle.gate_eval_config`; `--backend` picks the
+Confirmation (scenario a): every task of the specialise run's held-out functions (since stop 45
+`etude.loop.cycle.org_tasks` sends the users train-side tasks and gates on the select slice, so the
+held-out side stays sealed for this), each run once by production (the checkpoint in force when the
+cycle started) and once by the candidate, with the gate's harness (`etude.loop.cycle.gate_eval_config`; `--backend` picks the
 engine). The rule, paired by task: a promotion is TRUE when the candidate resolves more
 confirmation tasks than production (b_k > a_k), FALSE when it resolves fewer, and UNCONFIRMED on a
 tie (nothing shows the candidate better: 0 vs 0 at 135M would otherwise count as a true
@@ -222,22 +222,22 @@ def org_config(loop: LoopConfig, sizes: Sizes, *, org: str, base: str, root: Pat
 
 def check_requests(run: Path, users: list[Any], gate: list[Any]) -> dict[str, int]:
     """A cycle's users' requests and gate suite (`org_tasks`) against the specialise run's split
-    (RUN/split.json): disjoint from each other, both on its held-out side, none a train, select or
-    drill task, and the held-out functions disjoint from the train and select functions. Returns
-    the counts; EtudeError (one line) otherwise."""
+    (RUN/split.json): disjoint from each other, the requests train-side tasks, the gate the select
+    slice, neither on the held-out side (sealed since stop 45: the confirmation reads all of it),
+    and the held-out functions disjoint from the train and select functions. Returns the counts;
+    EtudeError (one line) otherwise."""
     split = json.loads((run / "split.json").read_text())
     u, g = {t.instance_id for t in users}, {t.instance_id for t in gate}
     held = set(split["heldout"]["tasks"])
-    trained = {i for side in ("train", "select") for i in split[side]["tasks"]} | set(
-        (split.get("drills") or {}).get("tasks") or [])
     fns = set(split["train"].get("functions") or []) | set(split["select"].get("functions") or [])
     for bad, what in ((u & g, "are both users' requests and gate tasks"),
-                      ((u | g) - held, "are not on the held-out side of the split"),
-                      ((u | g) & trained, "are training (train, select or drill) tasks"),
+                      ((u | g) & held, "are on the held-out side of the split (sealed for the confirmation)"),
+                      (u - set(split["train"]["tasks"]), "are users' requests that are not train-side tasks"),
+                      (g - set(split["select"]["tasks"]), "are gate tasks outside the select slice"),
                       (set(split["heldout"].get("functions") or []) & fns, "are held-out and training functions")):
         if bad:
             raise EtudeError(f"{run / 'split.json'}: {len(bad)} task(s) or function(s) {what} "
-                             f"(e.g. {sorted(bad)[0]}): this cycle's requests would not be new bugs")
+                             f"(e.g. {sorted(bad)[0]})")
     return {"requests": len(u), "gate": len(g), "heldout": len(held),
             "heldout_functions": len(split["heldout"].get("functions") or [])}
 
@@ -500,8 +500,8 @@ class Bench:
                        backend=self.backend)
         dirs = {"production": self.out / "confirm" / "production", "candidate": self.out / "confirm" / "candidate"}
         with self.stage(f"confirmation: {len(tasks)} held-out tasks no cycle used"):
-            run_eval(tasks, self.model_dir(prod["name"], prod["path"]), dirs["production"], ecfg)
-            run_eval(tasks, self.model_dir(cand.name, cand.path), dirs["candidate"], ecfg)
+            run_eval(tasks, self.model_dir(prod["name"], prod["path"]), dirs["production"], ecfg, use="final")
+            run_eval(tasks, self.model_dir(cand.name, cand.path), dirs["candidate"], ecfg, use="final")
         recs = eval_records({f"confirm-{k}": v for k, v in dirs.items()})
         k = {arm: sum(r["resolved"] for r in recs if r["arm"] == f"confirm-{arm}") for arm in dirs}
         return {"tasks": [t.instance_id for t in tasks], "resolved": k, "records": recs,
@@ -509,9 +509,9 @@ class Bench:
 
 
 def confirm_slice_size(held: int, sizes: Sizes) -> int:
-    """Held-out tasks left for the confirmation by `org_tasks`' split (gate: every other task from
-    the first, users: every other from the second)."""
-    return held - min(sizes.gate_tasks, (held + 1) // 2) - min(sizes.user_tasks, held // 2)
+    """Held-out tasks the confirmation reads: all of them (since stop 45 `org_tasks` sends the
+    users train-side tasks and gates on the select slice; the held-out side is sealed)."""
+    return held
 
 
 def check_run(adapter: Path) -> Path:

@@ -123,7 +123,7 @@ def suite_patches(build: bool) -> tuple[list, str | None]:
     tasks, note = {}, None
     if build:
         for split in ("train", "eval"):
-            tasks.update({t.instance_id: t for t in builtin_suite(split=split)})
+            tasks.update({t.instance_id: t for t in builtin_suite(split=split, use="build")})
     else:
         for f in sorted(suite_dir().glob("*.jsonl")):
             tasks.update({t.instance_id: t for t in load_tasks(f)})

@@ -86,13 +86,13 @@ def curve(sp: Specialise, rep: dict[str, Any], fracs_sft: tuple[float, ...] | st
         merged = merge_adapter_dir(path, sp.base, out / "curve" / f"sft-{step}-merged")
         name = f"eval-heldout-sft-{step}"
         sp.stages.run(f"curve: SFT step {step}", lambda m=merged, n=name: sp.evaluate(
-            out / "tasks" / "heldout.jsonl", str(m), n), uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
+            out / "tasks" / "heldout.jsonl", str(m), n, use="final"), uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {step}/{total} steps", "train_s": secs, "run": name})
     if not sft_final:  # the SFT adapter itself is a point of its own when RL's adapter shipped
         merged = out / "merged-sft"
         merge_adapter_dir(sp.stages.result("3. SFT (LoRA)")["adapter"], sp.base, merged)
         sp.stages.run("curve: SFT final", lambda: sp.evaluate(out / "tasks" / "heldout.jsonl", str(merged),
-                                                              "eval-heldout-sft-final"),
+                                                              "eval-heldout-sft-final", use="final"),
                       uses=sft_inputs(sp.cfg) + EPISODE_USES, after=("3. SFT (LoRA)",))
         points.append({"point": f"SFT {total}/{total} steps", "train_s": sft_s, "run": "eval-heldout-sft-final"})
     points.append(shipped)

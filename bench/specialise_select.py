@@ -95,7 +95,7 @@ def main() -> None:
             t = time.monotonic()
             h = h0.replace(verify_edits=edits, verify_unapplied=unapplied)
             cfg = EvalConfig(workers=a.workers, harness=h, bootstrap=200, backend=resolve_backend(a.backend))
-            run_eval(suite, model, d, cfg, fresh_for_new_weights=True)
+            run_eval(suite, model, d, cfg, use="select", fresh_for_new_weights=True)
             stages[arm] = {"seconds": round(time.monotonic() - t, 1)}
             arms[arm] = d
     v, u = f"verify{k}", f"verify{k}-unapplied"

@@ -106,7 +106,7 @@ def main() -> None:
         t = time.monotonic()
         cfg = EvalConfig(workers=a.workers, harness=h.replace(stop_on_repeats=k), bootstrap=200, backend=backend,
                          max_tasks=a.tasks)
-        run_eval(a.suite, a.model, arms[arm], cfg, fresh_for_new_weights=True)
+        run_eval(a.suite, a.model, arms[arm], cfg, use="select", fresh_for_new_weights=True)
         stages[arm] = {"seconds": round(time.monotonic() - t, 1)}
     records = live_records(arms)
     for d in a.replay:

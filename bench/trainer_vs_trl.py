@@ -122,7 +122,7 @@ def build_prompts(path: Path, model: str, num_train: int, num_test: int) -> dict
     cache = path.parent / "expert"
     cache.mkdir(parents=True, exist_ok=True)
     for split, source, n in (("train", "builtin:train", num_train), ("test", "builtin:validation", num_test)):
-        tasks = load_task_source(source, 1, max_tasks=2 * n)
+        tasks = load_task_source(source, 1, max_tasks=2 * n, use="train")
         trajs = expert_trajectories(tasks, cfg.harness_config(), cache / f"{split}.jsonl", workers=2)
         for tr in trajs:
             msgs = list(tr.messages)

@@ -34,3 +34,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "hours" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seal_forgets_grants():
+    """An override granted by one test (etude.tasks.seal.check_sources(..., allow=True)) is this
+    process's; it must not let a later test's loaders through."""
+    from etude.tasks import seal
+
+    seal.reset()
+    yield
+    seal.reset()

@@ -169,7 +169,7 @@ STEPS = [
     Step("etude eval --suite builtin:eval --model noop", _eval_run("runs/noop", lambda r: r == 0.0), slow=True,
          timeout=HOUR),
     # the gate does not pass B (noop) against A (oracle): exit 1, as the README's comment says
-    Step("etude eval compare runs/oracle runs/noop", _ok('"gate_passed": false'), slow=True, rc=1,
+    Step("etude eval compare runs/oracle runs/noop --final", _ok('"gate_passed": false'), slow=True, rc=1,
          needs=("etude eval --suite builtin:eval --model oracle", "etude eval --suite builtin:eval --model noop")),
     Step("etude train --config configs/tiny.toml", _ok(), slow=True, timeout=HOUR),
     Step("etude sft --config configs/agent_sft.toml", _wrote("runs/agent_sft/final/config.json"), slow=True, hours=True, timeout=12 * HOUR),

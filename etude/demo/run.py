@@ -88,8 +88,8 @@ class Demo:
     # -- stages
     def tasks(self) -> tuple[Any, str]:
         c = self.cfg
-        ev = builtin_curriculum("test", 1, c.seed, c.eval_tasks)  # read once, for this run's figures
-        tr = builtin_curriculum("train", 1, c.seed, c.sft_tasks)
+        ev = builtin_curriculum("test", 1, c.seed, c.eval_tasks, use="final")  # read once, for this run's figures
+        tr = builtin_curriculum("train", 1, c.seed, c.sft_tasks, use="train")
         save_tasks(ev, self.out / SLICE)
         save_tasks(tr, self.out / "train_slice.jsonl")
         pk = {n: sorted({t.source.get("package", t.repo) for t in ts}) for n, ts in (("test", ev), ("train", tr))}
@@ -132,7 +132,7 @@ class Demo:
         n_tasks = table["base"]["tasks"]
         # NOTE: the eval gate runs at the slice's size: below 30 tasks it cannot pass (inconclusive at best).
         final = "rl" if "rl" in runs else "sft"
-        gate = compare(runs["base"], runs[final], CompareConfig(min_tasks=min(30, n_tasks)))
+        gate = compare(runs["base"], runs[final], CompareConfig(min_tasks=min(30, n_tasks)), use="final")
         table["gate"] = {"verdict": gate.get("gate"), "versus": f"{final} vs base"}
         self.data["heldout"] = table
         parts = [f"{n} {table[n]['rate']:.0%} [{table[n]['ci95'][0]:.0%}–{table[n]['ci95'][1]:.0%}]" for n in runs]

@@ -305,7 +305,9 @@ class FixTurnEnv(SingleTurnEnv):
             raise EtudeError(f"unknown split {split!r}")
         if split not in self._problems:
             spec, limit = self.specs[split]
-            items = fixturn.edit_turn_prompts(load_task_spec(spec, limit or None), self.hc, fixturn.drill_cache(self.hc))
+            use, where = ("train", "env.tasks_file") if split == "train" else ("select", "env.eval_tasks_file")
+            tasks = load_task_spec(spec, limit or None, use=use, where=where)
+            items = fixturn.edit_turn_prompts(tasks, self.hc, fixturn.drill_cache(self.hc))
             if split == "train" and not items:
                 raise EtudeError(f"env fix: no task of {spec} has a drill (single-hunk level-1 tasks do)")
             self._problems[split] = [

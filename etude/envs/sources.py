@@ -29,6 +29,7 @@ from etude.harness.config import HarnessConfig
 from etude.harness.record import trajectory_from_dict
 from etude.policy.batcher import BatchedPolicy
 from etude.policy.local import LocalPolicy
+from etude.tasks import seal
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.repo import prepare_repo
 from etude.tasks.schema import load_tasks
@@ -38,17 +39,20 @@ Progress = Callable[[int, int], None]
 
 
 def load_task_source(spec: str, level: int = 1, max_tasks: int | None = None,
-                     progress: Callable[[str], None] | None = None, seed: int = 0) -> list[Task]:
+                     progress: Callable[[str], None] | None = None, seed: int = 0, *, use: str,
+                     where: str = "sft tasks") -> list[Task]:
     """"builtin:<split>" → the curriculum split at `level` (built with curriculum `seed`); anything
-    else → a tasks JSONL."""
+    else → a tasks JSONL. `use` says why (etude.tasks.seal.USES): sealed tasks are refused for every
+    use but "final"."""
     if spec.startswith("builtin:"):
-        return builtin_curriculum(spec.split(":", 1)[1], level, seed=seed, max_tasks=max_tasks, progress=progress)
+        return builtin_curriculum(spec.split(":", 1)[1], level, seed=seed, max_tasks=max_tasks, progress=progress,
+                                  use=use)
 
     p = Path(spec)
     if not p.is_file():
         raise EtudeError(f"no tasks file at {p} (give a JSONL or builtin:train|validation|test)")
     tasks = load_tasks(p)
-    return tasks[:max_tasks] if max_tasks else tasks
+    return seal.guard(tasks[:max_tasks] if max_tasks else tasks, use=use, where=where)
 
 
 def new_drill_tasks(candidates: Sequence[Task], expert_tasks: Sequence[Task]) -> list[Task]:

@@ -31,7 +31,7 @@ from etude.harness import HarnessConfig
 from etude.policy.batcher import BatchedPolicy, batchable
 from etude.rewards import RewardConfig, score
 from etude.rewards.terms import answers, asks_question
-from etude.tasks import builtin_suite, load_tasks
+from etude.tasks import builtin_suite, load_tasks, seal
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.history_suite import builtin_history
 from etude.types import Episode, Message, Problem, Task, TurnSample
@@ -41,20 +41,21 @@ class RolloutStopped(Exception):
     """Ends an episode between turns once its rollout is stopped (Ctrl-C or a failed episode)."""
 
 
-def load_task_spec(spec: str, limit: int | None = None) -> list[Task]:
+def load_task_spec(spec: str, limit: int | None = None, *, use: str, where: str = "env tasks") -> list[Task]:
     """A JSONL path, or builtin:curriculum:SPLIT[:LEVEL], builtin:history[:before=D][:after=D], or
-    builtin:SPLIT (the built-in suite)."""
+    builtin:SPLIT (the built-in suite). `use` says why (etude.tasks.seal.USES): a sealed test split
+    is refused for every use but "final"."""
     if spec == "builtin:history" or spec.startswith("builtin:history:"):
-        return builtin_history(spec, limit)
+        return seal.guard(builtin_history(spec, limit), use=use, where=where)
     if spec.startswith("builtin:curriculum:"):
         split, _, level = spec.removeprefix("builtin:curriculum:").partition(":")
         if level and not level.isdigit():
             raise EtudeError(f"bad curriculum level in {spec!r}")
-        return builtin_curriculum(split, int(level or 1), max_tasks=limit)
+        return builtin_curriculum(split, int(level or 1), max_tasks=limit, use=use)
     if spec.startswith("builtin:"):
-        return builtin_suite(spec.split(":", 1)[1] or "train", limit)
+        return builtin_suite(spec.split(":", 1)[1] or "eval", limit, use=use)  # a bare builtin: is the eval split, as in etude eval
     tasks = list(load_tasks(spec))
-    return tasks[:limit] if limit else tasks
+    return seal.guard(tasks[:limit] if limit else tasks, use=use, where=where)
 
 
 class TasksEnv:
@@ -80,19 +81,22 @@ class TasksEnv:
             return self._cache[split]
         if self.tasks_file and self.tasks_file.startswith("builtin:curriculum:"):
             if split == "train":
-                self._cache["train"] = load_task_spec(self.tasks_file, self.num_train)
+                self._cache["train"] = load_task_spec(self.tasks_file, self.num_train, use="train",
+                                                      where="env.tasks_file")
             else:
                 spec = self.eval_tasks_file or self.tasks_file.rsplit(":", 1)[0].replace(":train", ":validation")
-                self._cache["test"] = load_task_spec(spec, self.num_test)
+                self._cache["test"] = load_task_spec(spec, self.num_test, use="select", where="env.eval_tasks_file")
         elif self.tasks_file:
-            every = load_task_spec(self.tasks_file)
+            every = load_task_spec(self.tasks_file, use="train", where="env.tasks_file")
             cut = max(1, len(every) - self.num_test)
             self._cache["train"] = every[:cut][: self.num_train]
-            self._cache["test"] = (load_task_spec(self.eval_tasks_file, self.num_test) if self.eval_tasks_file
+            self._cache["test"] = (load_task_spec(self.eval_tasks_file, self.num_test, use="select",
+                                                  where="env.eval_tasks_file") if self.eval_tasks_file
                                    else every[cut:])
-        else:
-            self._cache[split] = list(builtin_suite("train" if split == "train" else "eval",
-                                                    self.num_train if split == "train" else self.num_test))
+        elif split == "train":  # no tasks_file: the built-in suite's train packages ...
+            self._cache["train"] = builtin_suite("train", self.num_train, use="train")
+        else:  # ... evaluated (and alarmed on) on the curriculum's validation packages, never the sealed split
+            self._cache["test"] = builtin_curriculum("validation", 1, max_tasks=self.num_test, use="select")
         return self._cache[split]
 
     def problems(self, split: str) -> list[Problem]:

@@ -2,7 +2,7 @@
 the comparison gate of two runs (see docs/evals.md).
 
     from etude.evals import EvalConfig, run_eval, compare
-    summary = run_eval("suite.jsonl", "oracle", "runs/oracle", EvalConfig(workers=2))
+    summary = run_eval("suite.jsonl", "oracle", "runs/oracle", EvalConfig(workers=2), use="final")
     verdict = compare("runs/base", "runs/candidate")      # verdict["gate_passed"]
 """
 

@@ -22,6 +22,7 @@ from etude.evals import EvalConfig, run_eval
 from etude.evals.compare import CompareConfig, _default_margins, compare
 from etude.evals.report import write_report
 from etude.harness import HarnessConfig
+from etude.tasks import seal
 
 eval_app = typer.Typer(help="Evaluate a model on a suite (correctness, adherence, efficiency) and compare runs.",
                        invoke_without_command=True, no_args_is_help=False)  # fmt: skip
@@ -62,7 +63,9 @@ def eval_cmd(
         cfg = dataclasses.replace(cfg, harness=harness)
     if cfg.ray_address and cfg.executor != "ray":
         raise EtudeError("--ray-address needs --executor ray")
-    print(json.dumps(run_eval(suite, model, out, cfg), indent=2))  # type: ignore[arg-type]
+    # `etude eval` is a reading: of the sealed test split only for a final figure, which run.json
+    # records (`sealed_read`) so that a gate over it is refused (`etude eval compare`)
+    print(json.dumps(run_eval(suite, model, out, cfg, use="final"), indent=2))  # type: ignore[arg-type]
 
 
 def _margins(items: list[str] | None) -> dict[str, float] | None:
@@ -88,11 +91,15 @@ def compare_cmd(
     out: Annotated[Path | None, typer.Option("--out", help="Also write the verdict to this JSON file.")] = None,
     margin: Annotated[list[str] | None, typer.Option(help="METRIC=TOLERANCE (or METRIC=off); repeatable.")] = None,
     rule: Annotated[str, typer.Option(help="ci (interval must be worse than 0) or point.")] = "ci",
+    final: Annotated[bool, typer.Option("--final", help="A final figure, not a gate: runs on the sealed test split are read (once) instead of refused.")] = False,
+    allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="Gate on sealed test-split runs anyway; the verdict is marked contaminated.")] = False,
 ) -> None:
     """Compare two runs on the same suite (B - A per metric); exit 1 if a gated metric regressed."""
     m = _margins(margin)
     cfg = CompareConfig(rule=rule) if m is None else CompareConfig(margins=m, rule=rule)
-    verdict = compare(run_a, run_b, cfg)
+    if allow_test_split and not final:
+        seal.grant("etude eval compare")
+    verdict = compare(run_a, run_b, cfg, use="final" if final else "gate")
     text = json.dumps(verdict, indent=2)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ from etude.errors import EtudeError
 from etude.evals.records import read_records
 from etude.evals.stats import bootstrap_ci, discordant, is_binary, noninferiority_p, paired_test, tango_ci
 from etude.evals.summary import EFFICIENCY, getters, task_mean
+from etude.tasks import seal
 
 # metric -> True when higher is better
 DIRECTION: dict[str, bool] = {"resolved": True, "partial": True, "adherence": True, "reward": True,
@@ -164,15 +165,24 @@ def compare(
     config: CompareConfig | None = None,
     *,
     margins: dict[str, float] | None = None,
+    use: str = "gate",
 ) -> dict[str, Any]:
     """Per-metric deltas (B - A) with intervals, paired p-values, regressions and `gate_passed`.
-    `margins` (shorthand) replaces the config's margins."""
+    `margins` (shorthand) replaces the config's margins. `use` is "gate" (a release or selection
+    decision: runs that read the sealed test split are refused, etude.tasks.seal) or "final" (the
+    final figure of a run, read once)."""
     cfg = config or CompareConfig()
     if margins is not None:
         cfg = CompareConfig(margins=dict(margins), rule=cfg.rule, confidence=cfg.confidence, bootstrap=cfg.bootstrap,
                             seed=cfg.seed, min_tasks=cfg.min_tasks)  # fmt: skip
     ma, ga = load_run(run_a)
     mb, gb = load_run(run_b)
+    if use not in ("gate", "final"):
+        raise ValueError(f"use must be gate or final, not {use!r}")
+    sealed = sorted(set(ma.get("sealed_read") or ()) | set(mb.get("sealed_read") or ()))
+    if use == "gate" and sealed and not seal.override_active():
+        raise EtudeError(f"{run_a} / {run_b} read the sealed test split ({', '.join(sealed)}): a gate cannot decide "
+                         "on it; it is read once, for final figures (etude eval compare --final)")
     if ma["suite_sha256"] != mb["suite_sha256"]:
         raise EtudeError(
             f"the runs are on different suites ({ma['suite_sha256']} vs {mb['suite_sha256']}); compare needs the same suite"
@@ -189,6 +199,9 @@ def compare(
         "b": {"dir": str(run_b), "model": mb["model"]},
         "suite_sha256": ma["suite_sha256"],
         "tasks": len(ga),
+        "use": use,
+        "sealed_read": sealed,
+        "contaminated": bool(sealed) and use == "gate",
         "min_tasks": cfg.min_tasks,
         "rule": cfg.rule,
         "confidence": cfg.confidence,

@@ -55,7 +55,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import statistics
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from pathlib import Path
@@ -341,9 +343,43 @@ def _agrees(stored: Any, computed: Any) -> bool:
     return abs(s - c) <= 0.5 * 10.0 ** t.exponent * (1 + 1e-9)
 
 
+TOP_LEVEL = ("provenance", "records", "figures", "meta")
+# meta keys that state a result in words or numbers verify cannot recompute: refused at any depth
+_CLAIM_KEY = re.compile(r"(^|_)(headline|claims?|claimed|conclusion|verdict_text)$", re.I)
+
+
+def _claims(meta: Any, at: str = "meta") -> list[str]:
+    """Paths of claim-like keys in `meta` (see `_CLAIM_KEY`)."""
+    if isinstance(meta, dict):
+        return [p for k, v in meta.items()
+                for p in ([f"{at}.{k}"] if _CLAIM_KEY.search(str(k)) else []) + _claims(v, f"{at}.{k}")]
+    if isinstance(meta, list):
+        return [p for i, v in enumerate(meta) for p in _claims(v, f"{at}[{i}]")]
+    return []
+
+
+def commit_exists(commit: Any, repo: Path) -> bool | None:
+    """Whether `commit` names a commit of the git repository at `repo` (None: cannot tell — no git,
+    not a repository, or a shallow clone whose history is cut)."""
+    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit) or not commit.strip("0"):
+        return False
+    try:
+        shallow = subprocess.run(["git", "-C", str(repo), "rev-parse", "--is-shallow-repository"],
+                                 capture_output=True, text=True, timeout=30)
+        if shallow.returncode != 0 or shallow.stdout.strip() == "true":
+            return None
+        r = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.returncode == 0
+
+
 def check_result(path: Path) -> list[str]:
     """Problems of one result file (empty: verified), each naming the file and, for a figure,
-    the field with its stored and recomputed values."""
+    the field with its stored and recomputed values. Beyond the figures: no top-level key but
+    provenance, records, figures and meta; no claim-like key in meta (`_claims`); and the
+    provenance's commit must exist in the repository holding the file."""
     where = str(path)
     try:
         doc = json.loads(path.read_text())
@@ -351,11 +387,16 @@ def check_result(path: Path) -> list[str]:
         return [f"{where}: cannot read JSON ({e})"]
     if not isinstance(doc, dict):
         return [f"{where}: not a JSON object"]
-    problems = []
+    problems = [f"{where}: top-level {k!r}: not verified (a result file holds only {', '.join(TOP_LEVEL)}; a figure "
+                "goes under figures, computed from the records)" for k in doc if k not in TOP_LEVEL]
+    problems += [f"{where}: {p}: a claim in meta is not verified (state it as a figure computed from the records)"
+                 for p in _claims(doc.get("meta"))]
     prov = doc.get("provenance")
     if not isinstance(prov, dict) or "git_commit" not in prov or "command" not in prov:
         problems.append(f"{where}: no provenance (a file written by hand or before the seal: regenerate it with "
                         f"etude.evals.results.write_result, or move it to {LEGACY_DIR}/)")
+    elif commit_exists(prov["git_commit"], path.resolve().parent) is False:
+        problems.append(f"{where}: provenance.git_commit {prov['git_commit']!r} is not a commit of this repository")
     rec = doc.get("records")
     rpath = records_path(path)
     if not isinstance(rec, dict) or rec.get("file") != rpath.name:

@@ -43,7 +43,7 @@ from etude.evals.summary import summarise
 from etude.harness import HarnessConfig
 from etude.paths import dir_sha256
 from etude.policy import check_backend
-from etude.tasks import builtin_suite, load_tasks, save_tasks
+from etude.tasks import builtin_suite, load_tasks, save_tasks, seal
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.history_suite import builtin_history
 from etude.types import Task
@@ -51,23 +51,27 @@ from etude.types import Task
 RESULTS, SUMMARY, MANIFEST, TASKS = "results.jsonl", "summary.json", "run.json", "tasks.jsonl"
 
 
-def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = None) -> list[Task]:
-    """Tasks from a file, `builtin:SPLIT` (the built-in suite), `builtin:history[:before=D][:after=D]`
-    (tasks mined from real histories, etude.tasks.history_suite), or a list of Tasks."""
+def resolve_suite(suite: str | Path | Sequence[Task], max_tasks: int | None = None, *, use: str,
+                  where: str = "the suite") -> list[Task]:
+    """Tasks from a file, `builtin:SPLIT` (the built-in suite), `builtin:curriculum:SPLIT[:LEVEL]`,
+    `builtin:history[:before=D][:after=D]` (tasks mined from real histories,
+    etude.tasks.history_suite), or a list of Tasks. `use` says why they are loaded
+    (etude.tasks.seal.USES): sealed test-split tasks are refused for every use but "final"."""
     if isinstance(suite, (str, Path)):
         text = str(suite)
         if text == "builtin:history" or text.startswith("builtin:history:"):
             tasks = builtin_history(text, max_tasks)
         elif text.startswith("builtin:curriculum:"):  # builtin:curriculum:SPLIT[:LEVEL]
             split, _, level = text.removeprefix("builtin:curriculum:").partition(":")
-            tasks = builtin_curriculum(split, int(level or 1) if (level or "1").isdigit() else -1, max_tasks=max_tasks)
+            tasks = builtin_curriculum(split, int(level or 1) if (level or "1").isdigit() else -1, max_tasks=max_tasks,
+                                       use=use)
         elif text.startswith("builtin:"):
-            tasks = builtin_suite(text.split(":", 1)[1] or "eval", max_tasks)
+            tasks = builtin_suite(text.split(":", 1)[1] or "eval", max_tasks, use=use)
         else:
             tasks = load_tasks(suite)
     else:
         tasks = list(suite)
-    tasks = tasks[:max_tasks] if max_tasks is not None else tasks
+    tasks = seal.guard(tasks[:max_tasks] if max_tasks is not None else tasks, use=use, where=where)
     if not tasks:
         raise EtudeError(f"the suite {suite if isinstance(suite, (str, Path)) else '(list)'} has no tasks")
     return tasks
@@ -126,7 +130,8 @@ _LEGACY_HARNESS = {"verify_scope": "tests"}
 def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg: EvalConfig) -> dict[str, Any]:
     """Write run.json, or check a resumed run matches the one already in `out`."""
     new = {"model": model, "model_sha256": digest, "suite_sha256": suite_hash(tasks),
-           "instance_ids": [t.instance_id for t in tasks], "samples": cfg.samples, "config": cfg.to_dict()}  # fmt: skip
+           "instance_ids": [t.instance_id for t in tasks], "samples": cfg.samples, "config": cfg.to_dict(),
+           "sealed_read": sorted({p for t in tasks if (p := seal.task_package(t)) in seal.sealed_packages()})}  # fmt: skip
     path = out / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())
@@ -156,17 +161,19 @@ def _todo(tasks: list[Task], samples: int, done: dict, retry_errors: bool) -> li
 
 def run_eval(
     suite: str | Path | Sequence[Task], model: str, out_dir: str | Path, config: EvalConfig | None = None,
-    *, fresh_for_new_weights: bool = False,
+    *, use: str, fresh_for_new_weights: bool = False,
 ) -> dict[str, Any]:
     """Evaluate `model` (see etude.evals.models) on `suite`; returns the summary (also in
     OUT/summary.json). Resumes a run already in `out_dir` (refused when it ran another harness);
     with `fresh_for_new_weights`, a folder holding an evaluation of other weights or another
     harness (or no run.json) is deleted and run afresh instead (a pipeline stage whose model
-    directory was rewritten or whose harness changed)."""
+    directory was rewritten or whose harness changed). `use` says what the figures are for
+    (etude.tasks.seal.USES): a sealed test split is read only for a "final" figure, and run.json
+    records the sealed packages read, so a gate can refuse them (etude.evals.compare)."""
     cfg = config or EvalConfig()
     if cfg.backend != "hf":  # a missing engine is one line before the suite is prepared
         check_backend(cfg.backend)
-    tasks = resolve_suite(suite, cfg.max_tasks)
+    tasks = resolve_suite(suite, cfg.max_tasks, use=use)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise EtudeError(f"--out {out} exists and is not a folder")

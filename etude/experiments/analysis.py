@@ -19,8 +19,14 @@ What it computes, per metric (rows are `user_id, arm, metric, numerator, denomin
   configured weights (sample ratio mismatch means the randomisation or logging is broken and
   no metric should be trusted).
 
-What it does not do: it assumes users are independent and assigned once (sticky); it does not
-correct for testing many metrics at once (guardrails are read one by one, as is usual).
+Guardrails (`ABConfig.guardrail_rule`): "sequential" (the default since stop 45) fails a guardrail
+only when its always-valid interval, at alpha divided by the number of guardrails, lies wholly past
+the margin on the bad side; "noninferiority" fails it whenever the fixed-horizon interval's bad end
+reaches past the margin (absence of evidence of no harm), which on a few users per arm fires on noise.
+
+What it does not do: it assumes users are independent and assigned once (sticky); the primary
+metric and the guardrails are separate tests (a guardrail rollback and a promotion each happen at
+most alpha of the time on A/A traffic, not both together at most alpha).
 """
 
 from __future__ import annotations
@@ -60,12 +66,20 @@ class ABConfig:
     tau_rel: float | None = None  # mSPRT mixture sd / control ratio; None: tuned for mde (0.1 without an mde)
     looks: int = 20  # number of interim looks the running mSPRT minimum is taken over
     guardrails: tuple[Guardrail, ...] = field(default_factory=tuple)
+    guardrail_rule: str = "sequential"
+    """how a guardrail fails. "sequential": only on always-valid evidence of harm past its margin
+    (the mSPRT interval at alpha / number of guardrails lies wholly beyond the margin), so over A/A
+    traffic a guardrail rollback happens at most alpha of the time, at any stopping point.
+    "noninferiority" (the rule before stop 45): whenever the fixed-horizon interval's bad end
+    reaches past the margin, which at a few users per arm fires on noise."""
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
             raise EtudeError(f"alpha must be in (0, 0.5), got {self.alpha}")
         if self.looks < 1:
             raise EtudeError(f"looks must be >= 1, got {self.looks}")
+        if self.guardrail_rule not in ("sequential", "noninferiority"):
+            raise EtudeError(f"guardrail_rule must be sequential or noninferiority, not {self.guardrail_rule!r}")
         if self.tau_rel is not None and not self.tau_rel > 0:
             raise EtudeError(f"tau_rel must be positive, got {self.tau_rel}")
         if self.mde is not None:
@@ -342,14 +356,31 @@ def _num(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def guardrail_verdict(res: dict[str, Any], g: Guardrail) -> dict[str, Any]:
-    """Non-inferiority: the interval's bad end must stay within the margin."""
+def guardrail_verdict(res: dict[str, Any], g: Guardrail, av: tuple[float, float] | None = None,
+                      rule: str = "noninferiority") -> dict[str, Any]:
+    """A guardrail's verdict. "noninferiority": ok while the fixed-horizon interval's bad end stays
+    within the margin. "sequential": failed only when `av`, the always-valid interval of the lift,
+    lies wholly past the margin on the bad side (evidence of harm, not absence of evidence)."""
     if res.get("delta") is None:
-        return {"metric": g.metric, "ok": None, "reason": "no estimate"}
+        return {"metric": g.metric, "ok": None, "reason": "no estimate", "rule": rule}
     bad_end = -res["ci_low"] if g.higher_is_better else res["ci_high"]
-    ok = bad_end <= g.margin
-    return {"metric": g.metric, "ok": bool(ok), "margin": g.margin, "worst_plausible_change": float(bad_end),
-            "higher_is_better": g.higher_is_better}
+    out = {"metric": g.metric, "margin": g.margin, "worst_plausible_change": float(bad_end),
+           "higher_is_better": g.higher_is_better, "rule": rule}
+    if rule == "noninferiority":
+        return {**out, "ok": bool(bad_end <= g.margin)}
+    if av is None or not all(math.isfinite(x) for x in av):
+        return {**out, "ok": True, "reason": "no always-valid interval yet: no evidence of harm"}
+    best_end = -av[1] if g.higher_is_better else av[0]  # the least harm the interval allows
+    return {**out, "ok": bool(best_end <= g.margin), "av_low": float(av[0]), "av_high": float(av[1]),
+            "least_plausible_harm": float(best_end)}
+
+
+def guardrail_interval(rows: list[dict[str, Any]], metric: str, cfg: ABConfig) -> tuple[float, float]:
+    """The always-valid interval of `metric`'s lift at alpha / number of guardrails (Bonferroni:
+    the chance that any guardrail fires on A/A traffic stays within alpha)."""
+    alpha = cfg.alpha / max(1, len(cfg.guardrails))
+    lk = sequential_looks(MetricArrays.from_rows(rows, metric), cfg.looks)
+    return always_valid_interval(lk, cfg.effective_tau_rel(), alpha)
 
 
 def analyze(rows: list[dict[str, Any]], cfg: ABConfig | None = None) -> dict[str, Any]:
@@ -360,7 +391,10 @@ def analyze(rows: list[dict[str, Any]], cfg: ABConfig | None = None) -> dict[str
     users = {a: len({str(r["user_id"]) for r in rows if r["arm"] == a}) for a in ARMS}
     metrics = list(dict.fromkeys(r["metric"] for r in rows))
     per = {m: analyze_metric(rows, m, cfg) for m in metrics}
-    guards = [guardrail_verdict(per[g.metric], g) for g in cfg.guardrails if g.metric in per]
+    guards = [guardrail_verdict(per[g.metric], g, guardrail_interval(rows, g.metric, cfg)
+                                if cfg.guardrail_rule == "sequential" and per[g.metric].get("delta") is not None
+                                else None, cfg.guardrail_rule)
+              for g in cfg.guardrails if g.metric in per]
     return {
         "alpha": cfg.alpha,
         "users": users,

@@ -31,9 +31,10 @@ class TrafficConfig:
     """scripted: distinct users per traffic round (the A/B randomisation unit)."""
     sessions_per_user: int = 1
     """scripted: agent sessions each user runs per round."""
-    tasks: str = "builtin:curriculum:validation"
+    tasks: str = "builtin:curriculum:train"
     """scripted: the users' repositories and requests: a task file, builtin:SPLIT or
-    builtin:curriculum:SPLIT[:LEVEL] (never the curriculum's "test" split: it is held out)."""
+    builtin:curriculum:SPLIT[:LEVEL] (never the curriculum's "test" split: it is held out; never a
+    task of `[eval] suite`: the candidate trains on this traffic, so a cycle refuses shared tasks)."""
     max_tasks: int = 4
     """scripted: the first N tasks of `tasks` (sessions cycle through them)."""
     max_steps: int = 2
@@ -217,7 +218,12 @@ class CanarySection:
     `etude ab plan --events`); with `mde` the plan's users per arm follow (statsmodels)."""
     guardrails: tuple[GuardrailSpec, ...] = (GuardrailSpec("dissatisfied_rate", False, 0.5),
                                              GuardrailSpec("latency_s", False, 1.0))
-    """non-inferiority guardrails (etude.experiments.Guardrail); a failing one rolls back."""
+    """guardrails (etude.experiments.Guardrail) with their margins; a failing one rolls back."""
+    guardrail_rule: str = "sequential"
+    """"sequential": a guardrail fails only on always-valid evidence (mSPRT, alpha / guardrails) that
+    it got worse by more than its margin, so A/A traffic rolls back at most alpha of the time;
+    "noninferiority": the rule before stop 45 (fails while the fixed-horizon interval reaches past
+    the margin, which fires on noise at a few users an arm)."""
     mde_from: str = ""
     """take `mde` from what the offline check measured instead of setting it: "candidate" (the
     held-out gain `etude specialise --register` recorded with the org's specialised candidate) or
@@ -241,6 +247,8 @@ class CanarySection:
         bad = [m for m in (self.primary, *(g.metric for g in self.guardrails)) if m not in METRICS]
         if bad:
             raise EtudeError(f"[canary] unknown metric(s) {', '.join(bad)}; known: {', '.join(METRICS)}")
+        if self.guardrail_rule not in ("sequential", "noninferiority"):
+            raise EtudeError(f"[canary] guardrail_rule must be sequential or noninferiority, not {self.guardrail_rule!r}")
         if self.underpowered not in ("refuse", "gate-only"):
             raise EtudeError(f"[canary] underpowered must be refuse or gate-only, not {self.underpowered!r}")
         if self.window_users is not None and self.window_users < 1:

@@ -54,7 +54,7 @@ from etude.loop.config import LoopConfig
 from etude.loop.decision import decide, gate_only, gate_status, gated, inconclusive_reason
 from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
-from etude.loop.plan import CanaryPlan, settle, specialised_candidate
+from etude.loop.plan import CanaryPlan, canary_of, registered_plan, settle, specialised_candidate
 from etude.loop.population import make_population, repo_of
 from etude.loop.readout import ab_config
 from etude.loop.server import running_server
@@ -66,7 +66,7 @@ from etude.serve import registry
 from etude.serve.config import ServeConfig
 from etude.serve.run import ensure_model
 from etude.store import open_store
-from etude.tasks import load_tasks, save_tasks
+from etude.tasks import load_tasks, save_tasks, seal
 from etude.tasks.seal import check_sources
 
 
@@ -150,6 +150,8 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     # the sealed test split (etude.tasks.seal): neither users' requests nor the gate come from it
     contamination = check_sources([("[traffic] tasks", config.traffic.tasks if config.traffic.kind == "scripted" else None),
                                    ("[eval] suite", config.eval.suite)], config.allow_test_split)
+    if config.traffic.kind == "scripted" and not config.specialise:
+        check_traffic_gate(config)  # the candidate trains on traffic: its gate must hold none of it
     root = Path(config.root)
     cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
     planned = _settled_plan(config, cdir)  # an unreachable plan under "refuse" stops here, nothing written
@@ -334,13 +336,13 @@ class _Cycle:
             save_tasks(org_tasks(self.cfg)[1], suite)
         prod_dir = Path(self.cfg.root) / "evals" / f"{self.prod['name']}-{_eval_key(ecfg, suite)}"
         cand_dir = self.dir / "eval-candidate"
-        a = run_eval(suite, self._model_dir(self.prod["path"], self.prod["name"]), prod_dir, ecfg)
+        a = run_eval(suite, self._model_dir(self.prod["path"], self.prod["name"]), prod_dir, ecfg, use="gate")
         trained = self.state.stage("train")["outputs"]
         cand_name = trained.get("specialised") or f"{self.cfg.name}-c{self.index:04d}"
-        b = run_eval(suite, self._model_dir(trained["checkpoint"], cand_name), cand_dir, ecfg)
+        b = run_eval(suite, self._model_dir(trained["checkpoint"], cand_name), cand_dir, ecfg, use="gate")
         cc = CompareConfig(rule=self.cfg.eval.rule, min_tasks=self.cfg.eval.min_tasks,
                            **({"margins": dict(self.cfg.eval.margins)} if self.cfg.eval.margins is not None else {}))
-        verdict = compare(prod_dir, cand_dir, cc)
+        verdict = compare(prod_dir, cand_dir, cc, use="gate")
         _write_json(self.dir / "eval-compare.json", verdict)
         short = {"gate": verdict["gate"], "gate_passed": verdict["gate_passed"], "regressions": verdict["regressions"],
                  "inconclusive": verdict["inconclusive"], "improvements": verdict["improvements"],
@@ -396,6 +398,11 @@ class _Cycle:
         salt = hashlib.sha256(f"{exp_id}:{self.cfg.seed}".encode()).hexdigest()[:16]
         registry.set_experiment(self.store, exp_id, [("control", self.prod["name"], c.weights[0]),
                                                      ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
+        # the plan, registered before the first user (a different one on resume is refused), is
+        # what every readout of this canary decides on
+        plan = registry.register_plan(self.store, exp_id, registered_plan(self.cfg, self.state.data.get("plan"), exp_id))
+        _write_json(self.dir / "plan.json", {**plan, "registered": registry.registered_plan(self.store, exp_id)["sha256"]})
+        c = canary_of(plan, self.cfg)
         if not out["readouts"]:  # the plan is on /dashboard before the first user arrives
             self._publish(exp_id, {"ab": None, "arm_ratios": {}, "alarms": []}, None, None, "no canary traffic yet")
         while out["rounds"] < c.rounds:
@@ -410,12 +417,18 @@ class _Cycle:
                 break
         self.state.finish("canary", interactions=len(self.store.interactions(org=self.cfg.org, experiment_id=exp_id)))
 
+    def _canary(self, exp_id: str) -> Any:
+        """The [canary] settings the experiment registered before its traffic (the config's when
+        it registered none: a cycle that predates registration)."""
+        reg = registry.registered_plan(self.store, exp_id)
+        return canary_of(reg["plan"], self.cfg) if reg else self.cfg.canary
+
     def _readout(self, exp_id: str) -> dict[str, Any]:
-        c = self.cfg.canary
+        c = self._canary(exp_id)
         facts = interaction_facts(self.store, self.cfg.org, exp_id)
         rows = ab_rows(facts)
         arms = {r["arm"] for r in rows}
-        ab = analyze(rows, ab_config(self.cfg)) if arms == {"control", "treatment"} else None
+        ab = analyze(rows, ab_config(self.cfg, c)) if arms == {"control", "treatment"} else None
         plan = c.plan()
         if ab is not None and plan is not None:
             ab["plan"] = plan.to_dict()
@@ -435,9 +448,10 @@ class _Cycle:
         exp_id = self.state.stage("canary")["outputs"]["experiment"]
         rd = self._readout(exp_id)
         _write_text(self.dir / "ab_rows.jsonl", "".join(json.dumps(r) + "\n" for r in rd.pop("rows")))
-        verdict, reason = decide(rd, self.cfg.canary)
+        c = self._canary(exp_id)
+        verdict, reason = decide(rd, c)
         if verdict is None:
-            verdict, reason = "rollback", f"undecided after {self.cfg.canary.rounds} round(s) (the max window): {reason}"
+            verdict, reason = "rollback", f"undecided after {c.rounds} round(s) (the max window): {reason}"
         if self.cfg.eval.required:
             verdict, reason = gated(verdict, reason, self.state.stage("eval")["outputs"].get("verdict") or {})
         _write_json(self.dir / "readout.json", rd)
@@ -490,7 +504,8 @@ def builtin_traffic(ctx: TrafficContext) -> Any:
     t = ctx.config.traffic
     if t.kind == "scripted":
         cfg = ctx.config
-        tasks = org_tasks(cfg)[0] if cfg.specialise else resolve_suite(t.tasks, t.max_tasks)
+        tasks = org_tasks(cfg)[0] if cfg.specialise else resolve_suite(t.tasks, t.max_tasks, use="train",
+                                                                        where="[traffic] tasks")
         users = make_population(tasks, t.users, seed=cfg.seed, model=cfg.users, prefix=f"{cfg.name}-user")
         # the same users every round; each round takes the next requests of their streams
         slot = 0 if ctx.phase == "collect" else 1 + ctx.round
@@ -510,24 +525,39 @@ def builtin_traffic(ctx: TrafficContext) -> Any:
     return None
 
 
+def check_traffic_gate(cfg: LoopConfig) -> None:
+    """Refuse a loop whose scripted users' requests and gate suite share a task: the candidate is
+    trained on the traffic, so a shared task would be gated on what it trained on."""
+    t, e = cfg.traffic, cfg.eval
+    if str(t.tasks) == str(e.suite):
+        raise EtudeError(f"[traffic] tasks and [eval] suite are the same source ({t.tasks}): the candidate trains on "
+                         "its users' traffic, so its gate needs tasks the traffic never holds; give disjoint sources")
+    seal.disjoint(resolve_suite(t.tasks, t.max_tasks, use="train", where="[traffic] tasks"),
+                  resolve_suite(e.suite, e.max_tasks, use="gate", where="[eval] suite"),
+                  "[traffic] tasks", "[eval] suite")
+
+
 def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:
-    """(its users' requests, its held-out suite) for `cfg.org`. With a specialised candidate
-    (`specialised_candidate`): its run's held-out functions (tasks/heldout.jsonl beside its
-    report; functions the adapter never trained on), alternate tasks to the gate and to the users,
-    so the two are disjoint. Else tasks of its repositories (`[orgs.ORG] repos`, else all) from
-    the traffic spec, split in order and disjoint."""
+    """(its users' requests, its gate suite) for `cfg.org`. With a specialised candidate
+    (`specialised_candidate`): its run's train-side tasks are the users' requests and its select
+    slice (functions kept out of training, for choices) is the gate, so the two are disjoint and
+    the run's held-out functions stay sealed for the final figure (etude.tasks.seal). Else tasks of
+    its repositories (`[orgs.ORG] repos`, else all) from the traffic spec, split in order and disjoint."""
     cp = specialised_candidate(open_store(cfg.db_url()), cfg.org) if cfg.specialise else None
     if cp is not None:
-
-        held = load_tasks(Path(cp.meta["report"]).parent / "tasks" / "heldout.jsonl")
-        gate, users = held[0::2][:cfg.eval.max_tasks], held[1::2][:cfg.traffic.max_tasks]
+        tasks = Path(cp.meta["report"]).parent / "tasks"
+        users = seal.guard(load_tasks(tasks / "train.jsonl"), use="train", where=f"{cp.name}'s train tasks")
+        gate = seal.guard(load_tasks(tasks / "select.jsonl"), use="gate", where=f"{cp.name}'s select tasks")
+        gate, users = gate[:cfg.eval.max_tasks], users[:cfg.traffic.max_tasks]
         if not gate or not users:
-            raise EtudeError(f"organisation {cfg.org!r}: the specialised candidate {cp.name} has {len(held)} held-out "
-                             "task(s); the gate and the users need at least one each")
+            raise EtudeError(f"organisation {cfg.org!r}: the specialised candidate {cp.name} has {len(gate)} select and "
+                             f"{len(users)} train task(s); the gate and the users need at least one each")
+        seal.disjoint(users, gate, "the users' requests", "the gate")
         return users, gate
     repos = set(cfg.org_repos())
     need = cfg.traffic.max_tasks + cfg.eval.max_tasks  # without a repos filter, only as many as are used
-    tasks = [x for x in resolve_suite(cfg.traffic.tasks, None if repos else need) if not repos or repo_of(x) in repos]
+    tasks = [x for x in resolve_suite(cfg.traffic.tasks, None if repos else need, use="train", where="[traffic] tasks")
+             if not repos or repo_of(x) in repos]
     traffic, heldout = tasks[:cfg.traffic.max_tasks], tasks[cfg.traffic.max_tasks:cfg.traffic.max_tasks + cfg.eval.max_tasks]
     if not traffic or not heldout:
         raise EtudeError(f"organisation {cfg.org!r}: {len(tasks)} task(s) of its repositories in {cfg.traffic.tasks!r}; "

@@ -11,6 +11,7 @@ read exactly as distillation reads it. Metrics (ratio of per-user sums, numerato
 | edit_persistence | Σ edit_persistence values | edit_persistence events | higher |
 | dissatisfied_rate | follow-ups labelled dissatisfied | interactions | lower |
 | tool_error_rate | broken calls (malformed, failed) | interactions | lower |
+| repeat_rate | calls identical to an earlier call of the session (a wasted turn) | interactions | lower |
 | clarification_rate | answers that only ask the user a question | interactions | lower |
 | edit_rate | interactions with an edit/write call (attempted) | interactions | (hack: a drop) |
 | latency_s | Σ server latency | interactions | lower |
@@ -26,10 +27,10 @@ from collections import defaultdict
 from typing import Any
 
 from etude.loop.distill import to_trajectory
-from etude.rewards.terms import asks_question, is_edit
+from etude.rewards.terms import asks_question, is_edit, repeats
 
-METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "clarification_rate",
-           "edit_rate", "latency_s", "answer_length")
+METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "repeat_rate",
+           "clarification_rate", "edit_rate", "latency_s", "answer_length")
 EDIT_TOOLS = ("edit_file", "write_file")
 ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
 
@@ -52,7 +53,7 @@ def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str
         answer = (r["response"] or {}).get("content", "")
         out.append({
             "user": r["user_id"] or r["session_id"], "arm": r["arm"], "ts": r["created_at"],
-            "checkpoint": r["checkpoint"], "broken": turn.broken_calls, "calls": calls,
+            "checkpoint": r["checkpoint"], "broken": turn.broken_calls, "calls": calls, "repeat": repeats(traj),
             "clarification": int(calls == 0 and asks_question(answer)),
             # attempted edits count: avoiding edits altogether is the hack this indicator watches
             "edit": int(any(x.call.name in EDIT_TOOLS or is_edit(x) for x in turn.tool_executions)),
@@ -70,6 +71,7 @@ def _per_interaction(f: dict[str, Any]) -> dict[str, tuple[float, float]]:
         "accept_rate": (f["accept"], f["accept"] + f["reject"]),
         "edit_persistence": (sum(f["persist"]), len(f["persist"])),
         "dissatisfied_rate": (f["dissatisfied"], 1), "tool_error_rate": (f["broken"], 1),
+        "repeat_rate": (f.get("repeat", 0), 1),
         "clarification_rate": (f["clarification"], 1), "edit_rate": (f["edit"], 1),
         "latency_s": (f["latency_s"], 1), "answer_length": (f["tokens"], 1),
     }

@@ -12,6 +12,13 @@ Then `etude.experiments.power.plan` gives the users per arm; `LoopConfig.plan_sh
 them with the window. Unreachable: `underpowered = "refuse"` raises (one line, before anything is
 written); "gate-only" prints the line and the cycle decides on its eval gate alone.
 
+Registered before traffic (`registered_plan`): before the canary's first user, the cycle writes
+the plan it will decide on — primary metric and direction, guardrails with margins and the rule
+that reads them, alpha, the mde and where it came from, the users per arm planned and reachable,
+sessions per user, rounds — to the store (`etude.serve.registry.register_plan`) and to the cycle's
+plan.json. The readout is then computed with exactly those settings (`canary_of`), and a changed
+config on resume is refused by the store (a plan differing from the registered one).
+
 Not guaranteed: that users react as `[users]` says — the conversion is the simulated users' model,
 so for real users the mde is a planning assumption, not a measurement.
 """
@@ -26,7 +33,7 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.experiments.power import plan
-from etude.loop.config import LoopConfig
+from etude.loop.config import GuardrailSpec, LoopConfig
 from etude.serve import registry
 
 SIGNAL = {"accept_rate": "keep_rate", "dissatisfied_rate": "dissatisfied_rate"}  # primary -> UserModel.expected key
@@ -55,6 +62,35 @@ class CanaryPlan:
             return cfg
         canary = dataclasses.replace(cfg.canary, mde=self.mde, mde_from="")
         return dataclasses.replace(cfg, canary=canary)
+
+
+# the [canary] fields the readout and the decision read: what a registered plan fixes
+DECISION_FIELDS = ("primary", "primary_higher_is_better", "alpha", "harm_margin", "mde", "power", "weights",
+                   "rounds", "min_rounds", "guardrail_rule")
+
+
+def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment: str) -> dict[str, Any]:
+    """The plan a cycle registers before its canary's first user (see the module doc)."""
+    c, s = cfg.canary, settled or {}
+    return {
+        "experiment": experiment, "org": cfg.org,
+        **{k: (list(v) if isinstance(v := getattr(c, k), tuple) else v) for k in DECISION_FIELDS},
+        "guardrails": [{"metric": g.metric, "higher_is_better": g.higher_is_better, "margin": g.margin}
+                       for g in c.guardrails],
+        "alarms": [{"metric": a.metric, "direction": a.direction, "threshold": a.threshold, "relative": a.relative}
+                   for a in cfg.alarms.rules],
+        "mode": s.get("mode", "ab"), "mde_source": s.get("source", "[canary] mde"),
+        "users_per_arm": list(s["users_per_arm"]) if s.get("users_per_arm") else None,
+        "users_reach": list(s["reach"]) if s.get("reach") else None,
+        "sessions_per_user": cfg.traffic.sessions_per_user if cfg.traffic.kind == "scripted" else None,
+    }
+
+
+def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
+    """`cfg.canary` with the registered plan's decision fields: what the readout decides on."""
+    fields = {k: (tuple(plan[k]) if k == "weights" else plan[k]) for k in DECISION_FIELDS}
+    guards = tuple(GuardrailSpec(g["metric"], g["higher_is_better"], g["margin"]) for g in plan["guardrails"])
+    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="")
 
 
 def specialised_candidate(store: Any, org: str) -> Any:

@@ -23,9 +23,10 @@ from etude.loop.config import LoopConfig
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 
 
-def ab_config(cfg: LoopConfig) -> ABConfig:
-    c = cfg.canary
-    return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power,
+def ab_config(cfg: LoopConfig, canary: Any = None) -> ABConfig:
+    """The readout's settings: of `canary` (a cycle's registered plan, etude.loop.plan) or the config's."""
+    c = canary or cfg.canary
+    return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power, guardrail_rule=c.guardrail_rule,
                     guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
 
 

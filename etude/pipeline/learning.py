@@ -83,9 +83,10 @@ def eval_harness(agent_config: str | Path, temperature: float = 0.0) -> HarnessC
     return load_sft_config(agent_config).harness_config().replace(temperature=temperature)
 
 
-def evaluate(suite: str | Path, model: str, out: Path, setup: EvalSetup) -> tuple[dict[str, Any], str]:
-    """`etude eval` of `model` on `suite` into `out`: its summary and a one-line account."""
-    s = run_eval(suite, model, out, setup.config(), fresh_for_new_weights=setup.fresh_for_new_weights)
+def evaluate(suite: str | Path, model: str, out: Path, setup: EvalSetup, *, use: str) -> tuple[dict[str, Any], str]:
+    """`etude eval` of `model` on `suite` into `out`: its summary and a one-line account. `use`:
+    what the figures are for (etude.tasks.seal.USES)."""
+    s = run_eval(suite, model, out, setup.config(), use=use, fresh_for_new_weights=setup.fresh_for_new_weights)
     r = s["correctness"]["resolved_rate"]
     vc = (s.get("behaviour") or {}).get("valid_call_rate") or {}
     valid = f", valid calls {vc['mean']:.0%}" if vc.get("mean") is not None else ""
@@ -138,9 +139,9 @@ def run_warm_start(st: Stages, out: Path, model: str, sft: StageFn, setup: EvalS
     Returns the warm start's result."""
     u = uses or {}
     suite = out / SLICE
-    st.run(BASE_EVAL, lambda: evaluate(suite, model, out / "eval-base", setup), uses=u.get(BASE_EVAL), after=(TASKS,))
+    st.run(BASE_EVAL, lambda: evaluate(suite, model, out / "eval-base", setup, use="final"), uses=u.get(BASE_EVAL), after=(TASKS,))
     res = st.run(WARM_START, sft, uses=u.get(WARM_START))
-    st.run(WARM_EVAL, lambda: evaluate(suite, res["final"], out / "eval-sft", setup), uses=u.get(WARM_EVAL),
+    st.run(WARM_EVAL, lambda: evaluate(suite, res["final"], out / "eval-sft", setup, use="final"), uses=u.get(WARM_EVAL),
            after=(TASKS, WARM_START))
     return res
 
@@ -219,7 +220,7 @@ class Learning:
 
     def tasks(self) -> tuple[dict[str, Any], str]:
         c = self.cfg
-        test = builtin_curriculum("test", 1)
+        test = builtin_curriculum("test", 1, use="final")  # read once, for this run's final figures
         test = test[: c.test_max] if c.test_max else test
         save_tasks(test, self.out / SLICE)
         return {"test": [t.instance_id for t in test]}, f"{len(test)} held-out tasks of the test split"
@@ -256,14 +257,14 @@ def run_learning(cfg: LearningConfig, console: Console | None = None) -> Learnin
     if not cfg.skip_rl:
         rl = st.run(RL, lambda: agent_rl(load_config(cfg.rl_config, cfg.rl_overrides(sft["final"])), out / "rl"),
                     uses=SFT_USES + RL_USES, after=(WARM_START,))
-        st.run(RL_EVAL, lambda: evaluate(out / SLICE, rl["checkpoint"], out / "eval-rl", ln.setup),
+        st.run(RL_EVAL, lambda: evaluate(out / SLICE, rl["checkpoint"], out / "eval-rl", ln.setup, use="final"),
                uses=EVAL_USES, after=(TASKS, RL))
     if cfg.no_split:
         st.run(NO_SPLIT_TASKS, ln.no_split_tasks, uses=("no_split", "no_split_max"))
         model_stage = {"base": (), "sft": (WARM_START,), "rl": (RL,)}
         for name, model in ln.models().items():
             st.run(NO_SPLIT_EVAL + name, lambda m=model, n=name: evaluate(out / NO_SPLIT_SLICE, m, out / f"nosplit-{n}",
-                                                                          ln.setup),
+                                                                          ln.setup, use="final"),
                    uses=NO_SPLIT_USES + (("model",) if name == "base" else ()),
                    after=(NO_SPLIT_TASKS, *model_stage[name]))
     return ln

@@ -56,7 +56,7 @@ from etude.provenance import provenance
 from etude.serve import registry
 from etude.store import open_store
 from etude.store.sql import ORG_RE
-from etude.tasks import save_tasks
+from etude.tasks import save_tasks, seal
 from etude.tasks.curriculum import function_curriculum, package_curriculum, pinned_sha256, repo_curriculum
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.history import HistoryConfig, mine_history, summary
@@ -185,7 +185,9 @@ def parse_repos(arg: str | Sequence[str]) -> tuple[str, ...]:
         r = subprocess.run(["git", "-C", str(p), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
         if r.returncode != 0:
             raise EtudeError(f"{x}: not a git repository")
-        out.append(str(Path(r.stdout.strip()).resolve()))
+        top = Path(r.stdout.strip()).resolve()
+        seal.guard_repo(top, use="train", where=f"--repos {x}")  # a local clone of a sealed package
+        out.append(str(top))
     return tuple(out)
 
 
@@ -326,7 +328,11 @@ class Specialise:
                              "tasks_per_repo")
         d = sp.to_dict(c.seed)
         (self.out / "split.json").write_text(json.dumps(d, indent=1) + "\n")
-        for side, ts in (("train", sp.train), ("select", sp.select), ("heldout", sp.heldout)):
+        # the held-out functions are the org's test set: marked, so no loader lets them train, select
+        # or gate (etude.tasks.seal), unless a retired set (probed during development) is re-run
+        retired = seal.retired(c.repos)
+        held = sp.heldout if retired else seal.seal_heldout(sp.heldout, f"org {c.org}: held-out functions")
+        for side, ts in (("train", sp.train), ("select", sp.select), ("heldout", held)):
             _save(ts, self.out / "tasks" / f"{side}.jsonl")
         return ({k: d[k]["n_tasks"] for k in ("train", "select", "heldout")},
                 f"train {len(sp.train)} tasks / {d['train']['n_functions']} functions, select {len(sp.select)}, "
@@ -415,18 +421,19 @@ class Specialise:
         return {"adapter": str(dest), "from": chosen, "why": why, "bytes": size}, f"{why}; {size / 2**20:.1f} MiB"
 
     # -- 6. evaluations
-    def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None) -> tuple[dict[str, Any], str]:
+    def evaluate(self, suite: Path | str, model: str, name: str, max_tasks: int | None = None, *,
+                 use: str) -> tuple[dict[str, Any], str]:
         h = eval_harness(self.cfg.agent_config).replace(verify_edits=self.cfg.verify_edits or 0)
         # this stage runs because its inputs changed: an evaluation left in its folder by another
         # model (OUT/merged is rewritten when another adapter is chosen) is not resumed
         setup = EvalSetup(h, self.workers, self.backend, bootstrap=200, max_tasks=max_tasks, fresh_for_new_weights=True)
-        s, line = learning_evaluate(suite, model, self.out / name, setup)
+        s, line = learning_evaluate(suite, model, self.out / name, setup, use=use)
         return {"dir": str(self.out / name), "resolved_rate": s["correctness"]["resolved_rate"]["mean"]}, f"{line}, {name}"
 
     def general_suite(self) -> Path:
 
         f = self.out / "tasks" / "general.jsonl"
-        _save(resolve_suite(self.cfg.general, self.cfg.general_tasks), f)  # cheap; follows a changed config
+        _save(resolve_suite(self.cfg.general, self.cfg.general_tasks, use="gate", where="the general regression suite"), f)  # cheap; follows a changed config
         return f
 
     # -- 7. report
@@ -444,6 +451,9 @@ class Specialise:
                       for side in ("train", "select", "heldout")} | {"dropped": len(split["dropped"]),
                                                                      "drills": split["drills"]["n_tasks"]},
             "heldout": held, "general": gen,
+            # a retired held-out set (etude.tasks.seal.RETIRED) was probed while choices were made
+            "heldout_role": ("development (retired as a test set: " + "; ".join(seal.retired(c.repos).values()) + ")"
+                             if seal.retired(c.repos) else "test"),
             "stages": self.stages.times(),
             "budget_minutes": c.minutes,
             "provenance": provenance(seeds={"split": c.seed, "curriculum": c.seed,
@@ -568,14 +578,14 @@ def run_specialise(cfg: SpecialiseConfig, console: Console | None = None, until:
                  uses=sft_uses + ("minutes", "rl_config", "rl_lr", "rl_weights", "rl_step_s", "backend"), after=("3. SFT (LoRA)",))
         run("5. choose", lambda: sp.choose(sft, rl), uses=("base",), after=("3. SFT (LoRA)", "4. RL on the edit turn"))
         heldout = sp.out / "tasks" / "heldout.jsonl"
-        run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base"),
+        run("6a. held-out, base", lambda: sp.evaluate(heldout, sp.base, "eval-heldout-base", use="final"),
             uses=SPLIT_USES + EPISODE_USES + ("base",), after=("2. split",))
-        run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter"),
+        run("6b. held-out, adapter", lambda: sp.evaluate(heldout, str(sp.out / "merged"), "eval-heldout-adapter", use="final"),
             uses=SPLIT_USES + EPISODE_USES, after=("2. split", "5. choose"))
         gen = sp.general_suite()
         general = EPISODE_USES + ("general", "general_tasks")
-        run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base"), uses=general + ("base",))
-        run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter"),
+        run("6c. general, base", lambda: sp.evaluate(gen, sp.base, "eval-general-base", use="gate"), uses=general + ("base",))
+        run("6d. general, adapter", lambda: sp.evaluate(gen, str(sp.out / "merged"), "eval-general-adapter", use="gate"),
             uses=general, after=("5. choose",))
         rep = run("7. report", sp.report, resumable=False)
         if cfg.register:

@@ -25,6 +25,7 @@ def _default_weights() -> dict[str, float]:
         "efficiency": 0.1,
         "parallelism": 0.05,
         "broken_calls": 0.2,
+        "repeated_calls": 0.2,  # an identical call made again: a wasted turn users wait through
         "unsupported_claims": 0.3,
         "needless_clarification": 0.3,
         "verbosity": 0.05,
@@ -74,6 +75,9 @@ class RewardConfig:
     is never rewarded; production speed is the `latency` term's job."""
     broken_call_penalty: float = 0.25
     """broken_calls: cost of each malformed or failing call (the term is -min(1, n * this))."""
+    repeat_call_penalty: float = 0.25
+    """repeated_calls: cost of each tool call identical (tool and arguments) to an earlier one of
+    the conversation (the term is -min(1, n * this))."""
     clarification: Clarification = "penalise"
     """needless_clarification: "penalise" a question asked instead of acting, unless the task says
     it needs one (task.meta["clarification"] == "needed"); "allow" never penalises."""

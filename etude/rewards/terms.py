@@ -14,6 +14,7 @@ Ranges: correctness, parallelism, efficiency and patch_similarity in [0, 1]; pen
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from collections.abc import Callable
 from difflib import SequenceMatcher
@@ -122,6 +123,33 @@ def broken_calls(trajectory: Trajectory, config: RewardConfig) -> float:
     """-min(1, n * penalty): each malformed call (parse error) or failing call (ok=False) costs.
     Always applies, so an episode full of broken calls cannot dodge its negative outcome."""
     return -min(1.0, trajectory.broken_calls * config.broken_call_penalty)
+
+
+# --- repeated calls -----------------------------------------------------------------------------
+
+
+def _call_key(name: str, arguments: Any) -> str:
+    return name + "\x00" + json.dumps(arguments, sort_keys=True, default=str)
+
+
+def repeats(trajectory: Trajectory) -> int:
+    """The trajectory's own tool calls that repeat an identical call (same tool, same arguments)
+    made earlier in its conversation: a wasted turn. In a logged production turn the earlier
+    calls are the request's history; in an episode, its earlier turns."""
+    own = {ex.call.id for ex in trajectory.tool_calls}
+    seen: set[str] = set()
+    n = 0
+    for m in trajectory.messages:
+        for c in m.tool_calls if m.role == "assistant" else ():
+            key = _call_key(c.name, c.arguments)
+            n += key in seen and c.id in own
+            seen.add(key)
+    return n
+
+
+def repeated_calls(trajectory: Trajectory, config: RewardConfig) -> float:
+    """-min(1, n * penalty) for each own call identical to an earlier one (`repeats`)."""
+    return -min(1.0, repeats(trajectory) * config.repeat_call_penalty)
 
 
 # --- closeness to the reference patch ---------------------------------------------------------
@@ -314,6 +342,7 @@ def verbosity(trajectory: Trajectory, config: RewardConfig) -> float | None:
 
 
 BUILTIN_TERMS: dict[str, TermFn] = {
+    "repeated_calls": repeated_calls,
     "correctness": correctness,
     "efficiency": efficiency,
     "parallelism": parallelism,

@@ -30,6 +30,8 @@ route: promotion of another, rollback, set_state) stops the experiments that rou
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import secrets
 import shutil
@@ -382,6 +384,47 @@ def _stop_experiments_using(conn: sa.Connection, name: str) -> None:
     for r in conn.execute(sa.select(t.experiments).where(x.status == "active")).all():
         if any(a["checkpoint"] == name for a in r.arms):
             conn.execute(t.experiments.update().where(x.id == r.id).values(status="stopped", updated_at=time.time()))
+
+
+# -- plans ----------------------------------------------------------------------------------
+def _plan_digest(plan: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(_finite(plan), sort_keys=True).encode()).hexdigest()
+
+
+def register_plan(store: SQLStore, exp_id: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """Register `plan` for experiment `exp_id` before its traffic; returns the registered plan.
+    The same plan again (a resumed cycle) is a no-op. Refused (EtudeError) when a different plan
+    is registered already, or when the experiment has traffic and no plan: a readout decides on
+    the plan it announced before its first user, never on one chosen after seeing data."""
+    exp = get_experiment(store, exp_id)
+    digest = _plan_digest(plan)
+    p = t.experiment_plans.c
+    with store.write() as conn:
+        row = conn.execute(sa.select(t.experiment_plans).where(p.experiment_id == exp_id)).first()
+        if row is not None:
+            if row.sha256 != digest:
+                old, new = dict(row.plan), _finite(plan)
+                changed = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                           if old.get(k) != new.get(k)]
+                raise EtudeError(f"experiment {exp_id} registered its plan before traffic; changing it is refused "
+                                 f"({'; '.join(changed)[:400]})")
+            return dict(row.plan)
+        seen = conn.execute(sa.select(sa.func.count()).select_from(t.interactions)
+                            .where(t.interactions.c.experiment_id == exp_id)).scalar_one()
+        if seen:
+            raise EtudeError(f"experiment {exp_id} already has {seen} interaction(s): a plan registered after traffic "
+                             "started is refused")
+        conn.execute(t.experiment_plans.insert().values(experiment_id=exp_id, org_id=exp.org_id,
+                                                        registered_at=time.time(), sha256=digest, plan=_finite(plan)))
+    return _finite(plan)
+
+
+def registered_plan(store: SQLStore, exp_id: str) -> dict[str, Any] | None:
+    """{"registered_at", "sha256", "plan"} of experiment `exp_id`, or None."""
+    p = t.experiment_plans.c
+    with store.read() as conn:
+        row = conn.execute(sa.select(t.experiment_plans).where(p.experiment_id == exp_id)).first()
+    return None if row is None else {"registered_at": row.registered_at, "sha256": row.sha256, "plan": dict(row.plan)}
 
 
 # -- readouts -------------------------------------------------------------------------------

@@ -83,6 +83,18 @@ experiment_readouts = Table(
     Column("readout", JSON, nullable=False),
 )
 
+experiment_plans = Table(
+    "experiment_plans",
+    metadata,
+    Column("experiment_id", String(128), primary_key=True),  # one plan per experiment, registered before traffic
+    Column("org_id", String(128), nullable=True),
+    Column("registered_at", Float, nullable=False),
+    Column("sha256", String(64), nullable=False),  # of the plan's canonical JSON
+    # {"primary", "primary_higher_is_better", "guardrails": [{"metric", "higher_is_better", "margin"}], "alpha",
+    #  "harm_margin", "mde", "mde_source", "users_per_arm", "sessions_per_user", "mode", ...}
+    Column("plan", JSON, nullable=False),
+)
+
 sessions = Table(
     "sessions",
     metadata,

@@ -4,7 +4,7 @@ release diffs, bug synthesis by CST mutation, validation in the sandbox, and the
 See docs/tasks.md. Public surface (the contract in docs/contracts.md):
     load_tasks(path) -> list[Task]      save_tasks(tasks, path)
     prepare_repo(task) -> Path          task_env(task) -> Path
-    builtin_suite(split="train"|"eval", max_tasks=None) -> list[Task]
+    builtin_suite(split="train"|"eval", max_tasks=None, *, use) -> list[Task]   (use: etude.tasks.seal.USES)
 """
 
 from etude.tasks.repo import prepare_repo, task_env

@@ -178,7 +178,7 @@ def curriculum_cmd(
         if packages is not None:
             tasks = build(read_packages(packages), level, max_tasks or 50, seed, progress=say)
         else:
-            tasks = builtin_curriculum(split or "", level, seed, max_tasks, progress=say)
+            tasks = builtin_curriculum(split or "", level, seed, max_tasks, progress=say, use="build")
     save_tasks(tasks, out)
     by: dict[str, int] = {}
     for t in tasks:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from etude.errors import EtudeError
 from etude.paths import cache
+from etude.tasks import seal
 from etude.tasks.fetch import fetch_sdist, normalise, parse_spec
 from etude.tasks.mine import mine
 from etude.tasks.schema import load_tasks, save_tasks
@@ -329,9 +330,12 @@ def build(packages: Sequence[str], level: int, max_tasks: int, seed: int = 0,
 
 
 def builtin_curriculum(split: str, level: int = 1, seed: int = 0, max_tasks: int | None = None,
-                       progress: Progress | None = None) -> list[Task]:
+                       progress: Progress | None = None, *, use: str) -> list[Task]:
     """The built-in split's tasks (built on first use, then cached). `max_tasks` takes the first
-    tasks of every package in turn, so a small slice still spans all the split's packages."""
+    tasks of every package in turn, so a small slice still spans all the split's packages. `use`
+    says why (etude.tasks.seal.USES): the test split is sealed for every use but "final"."""
+    where = f"builtin:curriculum:{split}"
+    seal.guard_split(where, use=use, where=where)
     ms = members(split)
     if max_tasks is not None and max_tasks < len(ms):
         ms = ms[:max_tasks]  # a slice smaller than the number of packages: one task from each of the first
@@ -350,14 +354,14 @@ def builtin_curriculum(split: str, level: int = 1, seed: int = 0, max_tasks: int
             if i < len(p) and (max_tasks is None or len(out) < max_tasks):
                 out.append(dataclasses.replace(p[i], meta={**p[i].meta, "split": split}))
         i += 1
-    return out
+    return seal.guard(out, use=use, where=where)
 
 
 def split_summary(level: int = 1, seed: int = 0) -> dict[str, object]:
     """Counts per split and package (reads the cache; builds what is missing)."""
     out: dict[str, object] = {}
     for split in SPLITS:
-        tasks = builtin_curriculum(split, level, seed)
+        tasks = builtin_curriculum(split, level, seed, use="build")
         by: dict[str, int] = {}
         for t in tasks:
             by[t.source.get("package", t.repo)] = by.get(t.source.get("package", t.repo), 0) + 1

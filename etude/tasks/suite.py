@@ -20,6 +20,7 @@ from pathlib import Path
 
 from etude.errors import EtudeError
 from etude.paths import cache
+from etude.tasks import seal
 from etude.tasks.fetch import fetch_sdist
 from etude.tasks.mine import mine
 from etude.tasks.schema import load_tasks, save_tasks
@@ -126,14 +127,17 @@ def packages(split: str) -> list[Package]:
     return [p for p in PACKAGES if split == "all" or p.split == split]
 
 
-def builtin_suite(split: str = "train", max_tasks: int | None = None, progress: Progress | None = None) -> list[Task]:
-    """Tasks of one split, building packages (in list order) only until `max_tasks` are had."""
+def builtin_suite(split: str = "train", max_tasks: int | None = None, progress: Progress | None = None, *,
+                  use: str) -> list[Task]:
+    """Tasks of one split, building packages (in list order) only until `max_tasks` are had. `use`
+    says why (etude.tasks.seal.USES): the eval split is sealed for every use but "final"."""
+    seal.guard_split(f"builtin:{split}", use=use, where=f"builtin:{split}")
     out: list[Task] = []
     for pkg in packages(split):
         if max_tasks is not None and len(out) >= max_tasks:
             break
         out += package_tasks(pkg, progress, None if max_tasks is None else max_tasks - len(out))
-    return out if max_tasks is None else out[:max_tasks]
+    return seal.guard(out if max_tasks is None else out[:max_tasks], use=use, where=f"builtin:{split}")
 
 
 def select_packages(names: list[str] | None) -> list[Package]:

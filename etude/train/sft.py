@@ -67,7 +67,7 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
     w = cfg.sources
     tasks: list[Task] = []
     if w.expert > 0 or w.self > 0:
-        tasks = load_task_source(cfg.tasks, cfg.level, cfg.max_tasks)
+        tasks = load_task_source(cfg.tasks, cfg.level, cfg.max_tasks, use="train")
         if not tasks:
             raise EtudeError(f"no tasks in {cfg.tasks}")
     if w.expert > 0:
@@ -84,7 +84,8 @@ def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Tr
         pools["production"] = production_sequences(Path(w.production_file))
     if w.drill > 0:
         spec = w.drill_tasks or cfg.tasks
-        drill_tasks = new_drill_tasks(load_task_source(spec, cfg.level, None, seed=w.drill_seed), tasks)
+        drill_tasks = new_drill_tasks(load_task_source(spec, cfg.level, None, seed=w.drill_seed, use="train",
+                                                       where="sft sources.drill_tasks"), tasks)
         if not drill_tasks:
             raise EtudeError(f"sources.drill > 0 but {spec} has no tasks beyond the expert's")
         pools["drill"] = drill_trajectories(drill_tasks, hc, out / "data" / "drill.jsonl", seed=cfg.seed,

@@ -278,3 +278,40 @@ def test_an_ab_figure_needs_per_user_rows(tmp_path):
     with pytest.raises(ResultError, match=r"no field 'user_id' \(ab needs user_id, arm, metric, numerator, denominator\)"):
         write_result(tmp_path / "x.json", {"lift": {"kind": "ab", "of": {"arm": "base"}, "metric": "resolved"}},
                      RECORDS, provenance(argv=["x"]))
+
+
+def _edit(path: Path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("forge", [
+    lambda d: d.update(true_promotions_claimed=1),  # a top-level claim beside the figures
+    lambda d: d["meta"].update(headline="the loop promoted a better model"),  # a free-text claim in meta
+    lambda d: d["meta"].update(cycle={"promotion_claimed": True}),
+    lambda d: d["provenance"].update(git_commit="0" * 40),  # a commit that is no commit
+])
+def test_a_forged_claim_or_commit_fails_verify(tmp_path, forge):
+    """Evidence round two: verify checked only `figures`; a top-level `true_promotions_claimed`,
+    a `meta.headline` and a commit of forty zeros all verified."""
+    path = _write(tmp_path)
+    assert verify.main(["--results", str(tmp_path)]) == 0
+    _edit(path, forge)
+    assert verify.main(["--results", str(tmp_path)]) == 1
+
+
+def test_a_commit_missing_from_the_repository_fails_verify(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    path = _write(repo / "results")
+    _edit(path, lambda d: d["provenance"].update(git_commit=head))
+    assert verify.main(["--results", str(repo / "results")]) == 0
+    _edit(path, lambda d: d["provenance"].update(git_commit="1234567" + head[7:][::-1]))
+    assert verify.main(["--results", str(repo / "results")]) == 1

@@ -23,7 +23,7 @@ def test_tool_use_counts_episodes_with_a_well_formed_call(tmp_path):
 def test_compare_pairs_resolved_and_tool_use(tmp_path, monkeypatch):
     import etude.demo.run as run
 
-    monkeypatch.setattr(run, "compare", lambda a, b, cfg: {"gate": "inconclusive"})  # the gate has its own tests
+    monkeypatch.setattr(run, "compare", lambda a, b, cfg, use: {"gate": "inconclusive"})  # the gate has its own tests
     demo = Demo(DemoConfig(backend="hf", out=str(tmp_path)))
     ids = [f"t{i}" for i in range(12)]
     _run(tmp_path / "eval-base", [(i, False, 0, "ok") for i in ids])

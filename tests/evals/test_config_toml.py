@@ -39,7 +39,7 @@ def test_flags_given_override_the_file_and_defaults_do_not(tmp_path, monkeypatch
     f = tmp_path / "eval.toml"
     f.write_text(GOOD)
     seen = {}
-    monkeypatch.setattr(eval_cli, "run_eval", lambda suite, model, out, cfg: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr(eval_cli, "run_eval", lambda suite, model, out, cfg, use: seen.setdefault("cfg", cfg) and {})
     r = CliRunner().invoke(app, ["eval", "--suite", "builtin:eval", "--model", "noop", "--out", str(tmp_path / "o"),
                                  "--config", str(f), "--workers", "5"])
     assert r.exit_code == 0, r.output

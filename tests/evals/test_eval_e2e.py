@@ -36,14 +36,14 @@ def suite(isodate_tasks, tmp_path_factory):
 @pytest.fixture(scope="module")
 def oracle_run(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("oracle")
-    return out, run_eval(suite, "oracle", out, EvalConfig(workers=2, executor="threads", progress=False))
+    return out, run_eval(suite, "oracle", out, EvalConfig(workers=2, executor="threads", progress=False), use="final")
 
 
 @pytest.fixture(scope="module")
 def noop_run(suite, tmp_path_factory):
     out = tmp_path_factory.mktemp("noop")
     cfg = EvalConfig(workers=2, executor="threads", progress=False, report=False)
-    return out, run_eval(suite, "noop", out, cfg)
+    return out, run_eval(suite, "noop", out, cfg, use="final")
 
 
 def _lines(path: Path) -> list[str]:
@@ -135,7 +135,7 @@ def test_killed_run_resumes_without_rerunning_finished_episodes(suite, tmp_path)
     assert 1 <= len(first) < n, "the run should have been killed midway"
 
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
-    s = run_eval(suite, f"scripted:{script}", out, cfg)
+    s = run_eval(suite, f"scripted:{script}", out, cfg, use="final")
     after = _lines(out / "results.jsonl")
     assert after[: len(first)] == first  # finished records untouched
     recs = [json.loads(x) for x in after]
@@ -194,7 +194,7 @@ def chat_server():
 def test_openai_server_model_and_efficiency_counts(suite, tmp_path, chat_server):
     url, seen = chat_server
     cfg = EvalConfig(max_tasks=1, workers=1, executor="threads", progress=False, report=False)
-    s = run_eval(suite, f"{url}#test-model", tmp_path / "run", cfg)
+    s = run_eval(suite, f"{url}#test-model", tmp_path / "run", cfg, use="final")
     (rec,) = [json.loads(x) for x in _lines(tmp_path / "run" / "results.jsonl")]
     eff = rec["efficiency"]
     assert seen[0]["model"] == "test-model" and {t["function"]["name"] for t in seen[0]["tools"]} >= {

@@ -130,8 +130,8 @@ def test_oracle_on_ray_writes_what_threads_write(suite, tmp_path):
     import ray
 
     a, b = tmp_path / "threads", tmp_path / "ray"
-    sa = run_eval(suite, "oracle", a, EvalConfig(workers=2, executor="threads", progress=False, report=False))
-    sb = run_eval(suite, "oracle", b, _ray_cfg())
+    sa = run_eval(suite, "oracle", a, EvalConfig(workers=2, executor="threads", progress=False, report=False), use="final")
+    sb = run_eval(suite, "oracle", b, _ray_cfg(), use="final")
     assert not ray.is_initialized()  # the run started its own Ray and stopped it
     ra, rb = _records(a), _records(b)
     assert set(ra) == set(rb) and len(ra) == 2
@@ -156,9 +156,9 @@ def test_thread_run_resumes_on_ray_and_policy_errors_read_the_same(suite, tmp_pa
                                   {"raise": "boom"}]))  # fmt: skip
     model = f"scripted:{script}"
     a = tmp_path / "run"
-    run_eval(suite, model, a, EvalConfig(workers=2, executor="threads", progress=False, report=False))
+    run_eval(suite, model, a, EvalConfig(workers=2, executor="threads", progress=False, report=False), use="final")
     first = (a / "results.jsonl").read_text().splitlines()
-    s = run_eval(suite, model, a, _ray_cfg(samples=2))
+    s = run_eval(suite, model, a, _ray_cfg(samples=2), use="final")
     lines = (a / "results.jsonl").read_text().splitlines()
     assert lines[: len(first)] == first and len(lines) == 2 * len(first)  # sample 0 untouched, sample 1 added
     assert s["resumed_skipped"] == len(first)
@@ -175,7 +175,7 @@ def test_thread_run_resumes_on_ray_and_policy_errors_read_the_same(suite, tmp_pa
 def test_local_model_answers_from_the_policy_actor(suite, tmp_path):
     from etude.harness import HarnessConfig
 
-    s = run_eval(suite, "tiny", tmp_path / "run", _ray_cfg(harness=HarnessConfig(max_steps=1, max_tokens_per_turn=16)))
+    s = run_eval(suite, "tiny", tmp_path / "run", _ray_cfg(harness=HarnessConfig(max_steps=1, max_tokens_per_turn=16)), use="final")
     recs = _records(tmp_path / "run")
     assert s["errors"] == 0 and len(recs) == 2
     assert all(r["status"] == "ok" and r["policy_id"] == "tiny" and r["efficiency"]["completion_tokens"] > 0

@@ -33,13 +33,13 @@ def test_infrastructure_errors_are_recorded_then_retried(tmp_path):
     out = tmp_path / "run"
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     with pytest.raises(EtudeError, match="every episode failed"):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, use="final")
     (rec,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert rec["status"] == "error" and "not a directory" in rec["error"] and rec["resolved"] is False
     summary = json.loads((out / "summary.json").read_text())
     assert summary["errors"] == 1 and summary["correctness"]["resolved_rate"]["mean"] == 0.0
     with pytest.raises(EtudeError):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, use="final")
     assert len((out / "results.jsonl").read_text().splitlines()) == 2  # retried, not skipped
 
 
@@ -47,17 +47,17 @@ def test_resume_refuses_another_model_or_suite(tmp_path):
     out = tmp_path / "run"
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     with pytest.raises(EtudeError):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, use="final")
     with pytest.raises(EtudeError, match="model='noop'"):
-        run_eval([broken_task(tmp_path)], "oracle", out, cfg)
+        run_eval([broken_task(tmp_path)], "oracle", out, cfg, use="final")
     with pytest.raises(EtudeError, match="suite_sha256"):
-        run_eval([broken_task(tmp_path, "other")], "noop", out, cfg)
+        run_eval([broken_task(tmp_path, "other")], "noop", out, cfg, use="final")
 
 
 def test_bad_model_spec_fails_before_anything_is_written(tmp_path):
     with pytest.raises(EtudeError, match="served model name"):
         cfg = EvalConfig(executor="threads", progress=False)
-        run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", cfg)
+        run_eval([broken_task(tmp_path)], "http://127.0.0.1:9/v1", tmp_path / "run", cfg, use="final")
     assert not (tmp_path / "run" / "run.json").exists()
 
 
@@ -90,11 +90,11 @@ def test_fresh_for_new_weights_starts_over_a_folder_without_run_json_and_resumes
     (out / "stale.txt").write_text("left by an interrupted evaluation of other weights")
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False)
     with pytest.raises(EtudeError, match="every episode failed"):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True, use="final")
     assert not (out / "stale.txt").exists() and (out / "run.json").is_file()
     (out / "kept.txt").write_text("the same weights: resumed, not deleted")
     with pytest.raises(EtudeError, match="every episode failed"):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, fresh_for_new_weights=True, use="final")
     assert (out / "kept.txt").is_file() and len((out / "results.jsonl").read_text().splitlines()) == 2
 
 
@@ -108,13 +108,13 @@ def test_a_resume_under_another_harness_is_refused_or_started_over(tmp_path):
     out = tmp_path / "run"
     cfg = EvalConfig(workers=1, executor="threads", progress=False, report=False, harness=HarnessConfig(max_steps=4))
     with pytest.raises(EtudeError, match="every episode failed"):
-        run_eval([broken_task(tmp_path)], "noop", out, cfg)
+        run_eval([broken_task(tmp_path)], "noop", out, cfg, use="final")
     verified = EvalConfig(workers=1, executor="threads", progress=False, report=False,
                           harness=HarnessConfig(max_steps=4, verify_edits=8))
     with pytest.raises(EtudeError, match=r"another harness \(verify_edits\)"):
-        run_eval([broken_task(tmp_path)], "noop", out, verified)
+        run_eval([broken_task(tmp_path)], "noop", out, verified, use="final")
     with pytest.raises(EtudeError, match="every episode failed"):
-        run_eval([broken_task(tmp_path)], "noop", out, verified, fresh_for_new_weights=True)
+        run_eval([broken_task(tmp_path)], "noop", out, verified, fresh_for_new_weights=True, use="final")
     assert len((out / "results.jsonl").read_text().splitlines()) == 1  # started over
     man = json.loads((out / "run.json").read_text())
     del man["config"]["harness"]["verify_temperature"]  # a run from before the field

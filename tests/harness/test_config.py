@@ -51,7 +51,7 @@ def test_agent_config_is_loaded_through_the_library(tmp_path: Path, monkeypatch:
     f = tmp_path / "agent.toml"
     f.write_text('model = "smollm2"\n[harness]\nmax_steps = 8\ntemperature = 1\ntools = ["read_file", "grep"]\n')
     seen = {}
-    monkeypatch.setattr(eval_cli, "run_eval", lambda suite, model, out, cfg: seen.setdefault("cfg", cfg) and {})
+    monkeypatch.setattr(eval_cli, "run_eval", lambda suite, model, out, cfg, use: seen.setdefault("cfg", cfg) and {})
     r = CliRunner().invoke(app, ["eval", "--suite", "builtin:eval", "--model", "noop", "--out", str(tmp_path / "o"),
                                  "--agent-config", str(f)])
     assert r.exit_code == 0, r.output

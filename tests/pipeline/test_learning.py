@@ -40,7 +40,7 @@ class Engines:
         self.calls: Counter[str] = Counter()
         self.eval_cfgs: dict[str, object] = {}
 
-    def run_eval(self, suite, model, out, cfg, fresh_for_new_weights=False):
+    def run_eval(self, suite, model, out, cfg, use=None, fresh_for_new_weights=False):
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         self.calls[out.name] += 1
@@ -83,7 +83,7 @@ class Engines:
         return {"checkpoint": str(out / "ckpt")}
 
 
-def _curriculum(split, level=1, seed=0, max_tasks=None, progress=None):
+def _curriculum(split, level=1, seed=0, max_tasks=None, progress=None, use=None):
     return [_task(f"{split}-{i}") for i in range(8 if split == "test" else 4)][:max_tasks]
 
 
@@ -159,7 +159,7 @@ def test_a_bad_no_split_package_is_one_line_before_anything_runs(tmp_path, monke
 
 
 def test_the_demo_runs_the_same_warm_start_stages(tmp_path, monkeypatch, engines):
-    monkeypatch.setattr(demo_run, "compare", lambda a, b, cfg: {"gate": "inconclusive"})  # the gate has its own tests
+    monkeypatch.setattr(demo_run, "compare", lambda a, b, cfg, use: {"gate": "inconclusive"})  # the gate has its own tests
     demo = Demo(DemoConfig(backend="hf", out=str(tmp_path / "demo"), model="tiny-base", agent_config=str(SFT_CONFIG)))
     save_tasks([_task(f"test-{i}") for i in range(6)], demo.out / SLICE)
     demo.stage(TASKS, lambda: ({}, "six tasks"))

@@ -73,6 +73,7 @@ def test_grade_reports_reward_and_flags_and_voids_resolved(tmp_path: Path) -> No
     # Templates go to a throwaway cache; the test venv (pytest only) is shared with the real one.
     cache_dir = tmp_path / "cache"
     cache_dir.mkdir()
+    (cache() / "envs").mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet: no dangling link
     (cache_dir / "envs").symlink_to(cache() / "envs", target_is_directory=True)
     env = {**os.environ, "ETUDE_CACHE": str(cache_dir)}
 

@@ -164,3 +164,20 @@ def test_patch_similarity_ranks_the_right_line_above_a_wrong_one_and_no_change()
 def test_patch_similarity_bounds_a_huge_change() -> None:
     huge = _patch("pkg/core.py", "        return hi", "        return lo", *["x = 1"] * 50_000)
     assert 0.0 < T.patch_similarity(huge, task(patch=GOLD)) < 0.1
+
+
+def test_an_identical_call_made_again_is_a_wasted_turn_and_costs():
+    """71% of the model's turns on real requests repeated an earlier call (issue 46): a repeat of the
+    same tool with the same arguments is penalised; the same tool with other arguments is not."""
+    from rewards_builders import ex, traj, turn
+
+    from etude.rewards import RewardConfig
+    from etude.rewards.terms import repeated_calls, repeats
+
+    cfg = RewardConfig()
+    once = traj(turn(ex("read_file", path="a.py")), turn(ex("read_file", path="b.py")))
+    assert repeats(once) == 0 and repeated_calls(once, cfg) == 0.0
+    twice = traj(turn(ex("read_file", path="a.py")), turn(ex("read_file", path="a.py")),
+                 turn(ex("read_file", path="a.py")))
+    assert repeats(twice) == 2 and repeated_calls(twice, cfg) == -0.5
+    assert cfg.weights["repeated_calls"] > 0

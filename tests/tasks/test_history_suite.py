@@ -76,13 +76,13 @@ def test_builtin_history_resolves_and_loads_every_listed_task(installed, monkeyp
 
     manifest, _repo, shas, h = installed
     monkeypatch.setattr(history_suite, "MANIFEST", manifest)
-    tasks = runner.resolve_suite("builtin:history")
+    tasks = runner.resolve_suite("builtin:history", use="final")
     assert [t.instance_id for t in tasks] == [e.instance_id for e in h.tasks]
     assert {t.repo for t in tasks} == {"example/mypkg-repo"}
     assert tasks[0].source["licence"] == "MIT"
     from etude.envs.tasks_env import load_task_spec  # what `etude train`'s tasks_file goes through
 
-    assert [t.meta["commit"] for t in load_task_spec("builtin:history:before=2024-05-03")] == [shas["fix"]]
+    assert [t.meta["commit"] for t in load_task_spec("builtin:history:before=2024-05-03", use="train")] == [shas["fix"]]
 
 
 def test_the_time_split_filters_by_commit_date_and_rejects_bad_dates(installed):

@@ -29,7 +29,7 @@ def test_builtin_suite_builds_a_few_eval_tasks_then_loads_them_from_cache(monkey
     from etude.tasks import builtin_suite
     from etude.tasks import suite as suite_mod
 
-    first = builtin_suite("eval", max_tasks=2)
+    first = builtin_suite("eval", max_tasks=2, use="final")
     assert len(first) == 2
     eval_names = {p.name for p in packages("eval")}
     assert all(t.source["package"] in eval_names and t.meta["split"] == "eval" for t in first)
@@ -38,4 +38,4 @@ def test_builtin_suite_builds_a_few_eval_tasks_then_loads_them_from_cache(monkey
         raise AssertionError("rebuilt instead of loading the cache")
 
     monkeypatch.setattr(suite_mod, "_build_package", no_build)
-    assert [t.instance_id for t in builtin_suite("eval", max_tasks=2)] == [t.instance_id for t in first]
+    assert [t.instance_id for t in builtin_suite("eval", max_tasks=2, use="final")] == [t.instance_id for t in first]

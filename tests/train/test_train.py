@@ -166,7 +166,7 @@ def test_multi_turn_repository_tasks_feed_the_same_learner(tmp_path, use_ray):
     process or on a Ray rollout actor (configs/agent_rl.toml's way)."""
     from etude.tasks import builtin_suite, save_tasks
 
-    tasks = builtin_suite("train", max_tasks=2)
+    tasks = builtin_suite("train", max_tasks=2, use="train")
     if len(tasks) < 2:
         pytest.skip("built-in suite unavailable")
     save_tasks(tasks, tmp_path / "tasks.jsonl")
