@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         for model, workers in RUNS:
             out = Path(tmp) / f"{model}-{workers}"
             cfg = EvalConfig(workers=workers, executor=args.executor, report=False, progress=False)
-            wall, _ = timed(run_eval, tasks, model, out, cfg)
+            wall, _ = timed(run_eval, tasks, model, out, cfg, use="final")
             run = f"{model}-w{workers}"
             records.append({"measure": "run_wall", "run": run, "workers": workers, "seconds": wall})
             records += episode_records(out, run)

@@ -127,6 +127,15 @@ class TrainSection:
     """per-organisation adapters: LoRA scaling numerator (scale = alpha / r)."""
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     """per-organisation adapters: the linear layers that get an adapter."""
+    baseline: str = "loo"
+    """each request has one sample, so the baseline comes from elsewhere: "loo" — leave-one-out over
+    the window's other samples of the same request (the same first user message at the same turn of
+    its session, from other users or sessions; etude.loop.training.loo_rewards), the trainer's
+    running mean for a request seen once; "running" — the running mean alone (before stop 45)."""
+
+    def __post_init__(self) -> None:
+        if self.baseline not in ("loo", "running"):
+            raise EtudeError(f"[train] baseline must be loo or running, not {self.baseline!r}")
 
 
 @dataclass(frozen=True)
@@ -225,7 +234,9 @@ class CanarySection:
     "noninferiority": the rule before stop 45 (fails while the fixed-horizon interval reaches past
     the margin, which fires on noise at a few users an arm)."""
     mde_from: str = ""
-    """take `mde` from what the offline check measured instead of setting it: "candidate" (the
+    """take `mde` from what was measured instead of setting it: "previous" (the primary metric's lift
+    the previous cycle's canary read, in absolute value, with `user_cv` measured on that cycle's
+    per-user rows unless set; etude.loop.plan.previous_effect), or "candidate" (the
     held-out gain `etude specialise --register` recorded with the org's specialised candidate) or
     the path of a specialise report.json. The held-out resolved rates, base → adapter, go through
     the `[users]` model (UserModel.expected) to the relative lift of `primary` (accept_rate: the
@@ -253,7 +264,10 @@ class CanarySection:
             raise EtudeError(f"[canary] underpowered must be refuse or gate-only, not {self.underpowered!r}")
         if self.window_users is not None and self.window_users < 1:
             raise EtudeError("[canary] window_users must be >= 1")
-        if self.mde_from:
+        if self.mde_from == "previous":
+            if self.mde is not None:
+                raise EtudeError("[canary] set mde or mde_from, not both")
+        elif self.mde_from:
             if self.mde is not None:
                 raise EtudeError("[canary] set mde or mde_from, not both")
             if self.user_cv is None:

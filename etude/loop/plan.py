@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.experiments.power import plan
+from etude.experiments.power import estimate_user_cv, plan
 from etude.loop.config import GuardrailSpec, LoopConfig
 from etude.serve import registry
 
@@ -131,11 +131,38 @@ def mde_from_gain(held: dict[str, Any], cfg: LoopConfig) -> float:
     return lift if cfg.canary.primary_higher_is_better else -lift
 
 
+def previous_effect(cfg: LoopConfig) -> tuple[float, float, str]:
+    """(mde, user_cv, where) from the newest finished cycle under `cfg.root` whose canary was read:
+    the primary metric's relative lift it measured (absolute value) and the per-user coefficient of
+    variation of its rows (both arms pooled). EtudeError when no cycle has a readout yet."""
+    for d in sorted(Path(cfg.root).glob("cycle-[0-9][0-9][0-9][0-9]"), reverse=True):
+        rd, rows_path = d / "readout.json", d / "ab_rows.jsonl"
+        if not (rd.is_file() and rows_path.is_file()):
+            continue
+        m = ((json.loads(rd.read_text()).get("ab") or {}).get("metrics") or {}).get(cfg.canary.primary) or {}
+        if m.get("delta") is None:
+            continue
+        rows = [json.loads(ln) for ln in rows_path.read_text().splitlines() if ln.strip()]
+        cv = cfg.canary.user_cv if cfg.canary.user_cv is not None else estimate_user_cv(rows, cfg.canary.primary)
+        users = len({r["user_id"] for r in rows})
+        return abs(float(m["delta"])), cv, (f"previous cycle {d.name}: {cfg.canary.primary} lift {m['delta']:+.1%} "
+                                             f"over {users} users (user_cv {cv:.2f})")
+    raise EtudeError(f"[canary] mde_from = \"previous\": no earlier cycle under {cfg.root} read a canary on "
+                     f"{cfg.canary.primary}; set [canary] mde for the first cycle (or run a pilot cycle)")
+
+
 def settle(cfg: LoopConfig, store: Any) -> CanaryPlan:
     """The cycle's plan (see the module doc); EtudeError when unreachable under "refuse"."""
     c = cfg.canary
     mde, source = c.mde, "[canary] mde"
-    if c.mde_from:
+    if c.mde_from == "previous":
+        mde, cv, source = previous_effect(cfg)
+        if mde <= 0:
+            line = f"the previous cycle measured no effect to plan for ({source})"
+            return _unreachable(cfg, CanaryPlan("gate-only", None, source, None, cfg.canary_reach(), line))
+        c = dataclasses.replace(c, user_cv=cv, mde_from="", mde=mde)
+        cfg = dataclasses.replace(cfg, canary=c)
+    elif c.mde_from:
         held, where = measured_gain(c.mde_from, store, cfg.org)
         mde = mde_from_gain(held, cfg)
         source = (f"{where}: held out {held['base']['resolved']}/{held['tasks']} -> "

@@ -4,9 +4,11 @@ The trainer is etude's one trainer, `etude.train.loop.train`, on the `episodes` 
 (`etude.envs.families.EpisodesEnv`): the distilled samples, converted once by
 `ScoredSample.to_episode()` and written as `Episode.to_dict()` lines, are replayed as the
 rollouts, with the behaviour log-probs logged at serving time (truncated importance sampling,
-PPO clip, AdamW). One response per prompt, so the advantage is the group-free running-mean
-baseline (`advantage = "baseline"`, `group_size = 1`); each batch is a seeded sample of the
-episodes (`etude.train.rollout.batch_problems`).
+PPO clip, AdamW). One response per prompt, so there is no sampled group: the baseline of a
+sample is the mean reward of the window's other answers to the same request (`[train] baseline =
+"loo"`: the same first user message at the same turn, from other users' sessions; `loo_rewards`),
+and for a request answered once the trainer's running mean (`advantage = "baseline"`,
+`group_size = 1`); each batch is a seeded sample of the episodes (`etude.train.rollout.batch_problems`).
 
 Resumable as every training run is: a checkpoint after every step, and a rerun continues from
 the latest one; the final checkpoint is a Hugging Face model directory the server loads as it
@@ -16,8 +18,10 @@ per-kernel determinism).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +33,48 @@ from etude.train.losses import LossConfig
 from etude.train.metrics import read_metrics
 
 
-def episodes_jsonl(samples: Iterable[ScoredSample]) -> str:
-    """The learner's episodes file: one `ScoredSample.to_episode().to_dict()` per line."""
-    return "".join(json.dumps(s.to_episode().to_dict()) + "\n" for s in samples)
+def request_key(s: ScoredSample) -> str:
+    """What makes two samples answers to the same request: the session's first user message and
+    how many assistant turns came before this one (turn 0 of a task, turn 1 of it, ...)."""
+    msgs = s.trajectory.messages
+    first = next((m.content for m in msgs if m.role == "user"), "")
+    turn = sum(1 for m in msgs[:-1] if m.role == "assistant")
+    return f"{turn}\x00{first}"
+
+
+def loo_rewards(samples: Sequence[ScoredSample]) -> list[float | None]:
+    """Per sample, its reward minus the mean reward of the window's *other* samples of the same
+    request (`request_key`): a leave-one-out baseline from other sessions of the same task, as a
+    GRPO group would give. None for a request seen once (the trainer's running mean is its baseline)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        groups[request_key(s)].append(i)
+    out: list[float | None] = [None] * len(samples)
+    for idx in groups.values():
+        if len(idx) < 2:
+            continue
+        total = sum(samples[i].reward.total for i in idx)
+        for i in idx:
+            r = samples[i].reward.total
+            out[i] = r - (total - r) / (len(idx) - 1)
+    return out
+
+
+def episodes_jsonl(samples: Iterable[ScoredSample], baseline: str = "running") -> str:
+    """The learner's episodes file: one `ScoredSample.to_episode().to_dict()` per line. With
+    `baseline = "loo"`, a sample whose request was answered more than once in the window carries
+    its leave-one-out advantage as its reward (family "production-loo", so the trainer's running
+    mean, kept per family, stays near zero for them); its raw reward is in meta["raw_reward"]."""
+    samples = list(samples)
+    centred = loo_rewards(samples) if baseline == "loo" else [None] * len(samples)
+    lines = []
+    for s, adv in zip(samples, centred, strict=True):
+        ep = s.to_episode()
+        if adv is not None:
+            ep = dataclasses.replace(ep, reward=adv, family="production-loo",
+                                     meta={**ep.meta, "raw_reward": ep.reward, "baseline": "loo"})
+        lines.append(json.dumps(ep.to_dict()) + "\n")
+    return "".join(lines)
 
 
 def train_config(base: str, episodes_path: Path, section: Any, temperature: float, seed: int,

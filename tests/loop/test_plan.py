@@ -154,3 +154,28 @@ def test_an_unreachable_plan_under_refuse_is_one_line_and_touches_nothing(tmp_pa
     assert "nothing was trained, the registry and the router are unchanged" in lines[0]
     assert registry_snapshot(db) == before
     assert not (root / "orgs" / "acme").exists() and registry.production(store, "acme").name == "tiny"
+
+
+def _previous_cycle(root: Path, delta: float, seed: int = 0) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    d = root / "cycle-0001"
+    d.mkdir(parents=True)
+    (d / "readout.json").write_text(json.dumps({"ab": {"metrics": {"accept_rate": {"delta": delta}}}}))
+    rows = [{"user_id": f"u{u}", "arm": ("control", "treatment")[u % 2], "metric": "accept_rate",
+             "numerator": int(rng.binomial(4, 0.5)), "denominator": 4} for u in range(40)]
+    (d / "ab_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_mde_comes_from_the_previous_cycles_measured_lift(tmp_path) -> None:
+    """Issue 46 item 2: the minimum detectable effect taken from the previous cycle, with the
+    per-user variation measured on its rows; the first cycle has none and says so."""
+    cfg = LoopConfig(root=str(tmp_path), canary=CanarySection(mde_from="previous", underpowered="gate-only"),
+                     traffic=TrafficConfig(users=400))
+    with pytest.raises(EtudeError, match="no earlier cycle"):
+        settle(cfg, None)
+    _previous_cycle(tmp_path, -0.2)
+    p = settle(cfg, None)
+    assert p.mde == pytest.approx(0.2) and "previous cycle cycle-0001: accept_rate lift -20.0%" in p.source
+    assert p.users_per_arm and p.users_per_arm[0] > 10
