@@ -21,7 +21,7 @@ from scipy import stats
 
 from etude.experiments.analysis import ARMS, ABConfig, analyze
 
-Decide = Callable[[dict[str, Any]], tuple[str | None, str]]
+Decide = Callable[[dict[str, Any]], tuple[str | None, str]]  # {"ab", "alarms", "rows"} -> (verdict, reason)
 
 
 def reassign(rows: list[dict[str, Any]], rng: np.random.Generator, weights: tuple[float, float]) -> list[dict[str, Any]]:
@@ -35,20 +35,23 @@ def reassign(rows: list[dict[str, Any]], rng: np.random.Generator, weights: tupl
 def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, splits: int = 200,
                  seed: int = 0) -> dict[str, Any]:
     """False promotions and guardrail rollbacks of `decide` over `splits` A/A re-deals of `rows`.
-    `decide(readout)` is the loop's rule on {"ab": analyze(...), "alarms": []}."""
+    `decide(readout)` is the loop's rule on {"ab": analyze(...), "alarms": [], "rows": the re-dealt
+    rows} (a caller with alarms computes them from "rows" and puts them in before deciding)."""
     rng = np.random.default_rng(seed)
-    promoted = guard_rollbacks = other_rollbacks = undecided = 0
+    promoted = guard_rollbacks = alarm_rollbacks = other_rollbacks = undecided = 0
     for _ in range(splits):
         dealt = reassign(rows, rng, cfg.weights)
         if {r["arm"] for r in dealt} != set(ARMS):
             undecided += 1
             continue
         ab = analyze(dealt, cfg)
-        verdict, reason = decide({"ab": ab, "alarms": []})
+        verdict, reason = decide({"ab": ab, "alarms": [], "rows": dealt})
         if verdict == "promote":
             promoted += 1
         elif verdict == "rollback" and reason.startswith("guardrail failed"):
             guard_rollbacks += 1
+        elif verdict == "rollback" and reason.startswith("hack alarm"):
+            alarm_rollbacks += 1
         elif verdict == "rollback":
             other_rollbacks += 1
         else:
@@ -60,4 +63,5 @@ def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, spli
 
     return {"splits": splits, "alpha": cfg.alpha, "users": len({str(r["user_id"]) for r in rows}),
             "false_promotion": rate(promoted), "false_guardrail_rollback": rate(guard_rollbacks),
+            "false_alarm_rollback": rate(alarm_rollbacks),
             "other_rollback": rate(other_rollbacks), "undecided": undecided, "seed": seed}

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from etude.experiments import ABConfig, Guardrail, analyze
+from etude.experiments.aa import rerandomised
 from etude.loop.config import LoopConfig
+from etude.loop.decision import decide
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 
 
@@ -28,6 +30,33 @@ def ab_config(cfg: LoopConfig, canary: Any = None) -> ABConfig:
     c = canary or cfg.canary
     return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power, guardrail_rule=c.guardrail_rule,
                     guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
+
+
+def ratios_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`etude.loop.metrics.arm_ratios` recomputed from per-user A/B rows (analyze's arms renamed
+    back to the loop's): each metric's pooled ratio per arm, and the arm's interactions (the
+    denominator of a per-interaction metric)."""
+    sums: dict[str, dict[str, list[float]]] = {"control": {}, "canary": {}}
+    for r in rows:
+        arm = "canary" if r["arm"] == "treatment" else "control"
+        acc = sums[arm].setdefault(r["metric"], [0.0, 0.0])
+        acc[0] += float(r["numerator"])
+        acc[1] += float(r["denominator"])
+    out = {}
+    for arm, by in sums.items():
+        n = int(by.get("latency_s", [0.0, 0.0])[1])  # one per interaction
+        out[arm] = {"interactions": n, **{m: (a / d if d else None) for m, (a, d) in by.items()}}
+    return out
+
+
+def aa_rates(rows: list[dict[str, Any]], cfg: LoopConfig, splits: int = 200, seed: int = 0) -> dict[str, Any]:
+    """The loop's readout and decision rule (guardrails, hack alarms, primary) over `splits` A/A
+    re-deals of one model's per-user rows (etude.experiments.aa.rerandomised): false promotion,
+    guardrail rollback and alarm rollback rates, each with its exact interval."""
+    def rule(rd: dict[str, Any]) -> tuple[str | None, str]:
+        return decide({**rd, "alarms": alarms(ratios_from_rows(rd["rows"]), cfg.alarms)}, cfg.canary)
+
+    return rerandomised(rows, rule, ab_config(cfg), splits, seed)
 
 
 def live_readout(store: Any, org: str, experiment_id: str, cfg: LoopConfig | None = None) -> dict[str, Any]:

@@ -59,3 +59,25 @@ def test_rerandomised_aa_splits_neither_promote_nor_roll_back_more_than_alpha():
     old = rerandomised(rows, lambda rd: decide(rd, canary), dataclasses.replace(cfg, guardrail_rule="noninferiority"),
                        200)
     assert old["false_guardrail_rollback"]["rate"] > res["false_guardrail_rollback"]["rate"]
+
+
+def test_the_loops_whole_rule_on_aa_splits_reports_alarm_rollbacks_too():
+    """`etude.loop.readout.aa_rates`: the loop's decision (guardrails, hack alarms, primary) on
+    re-dealt A/A traffic. The hack alarms are fixed thresholds on pooled ratios, not tests: their
+    false-rollback rate is reported beside the others so a bench can show it."""
+    from etude.loop.config import LoopConfig
+    from etude.loop.readout import aa_rates, ratios_from_rows
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for u in range(60):
+        for m, p in (("accept_rate", 0.5), ("dissatisfied_rate", 0.2), ("tool_error_rate", 0.15),
+                     ("clarification_rate", 0.05), ("edit_rate", 0.6), ("latency_s", None)):
+            num = float(rng.gamma(2.0, 1.0) * 3) if p is None else int(rng.binomial(3, p))
+            rows.append({"user_id": u, "arm": "control", "metric": m, "numerator": num, "denominator": 3,
+                         "ts": float(u)})
+    r = ratios_from_rows(rows)
+    assert r["control"]["interactions"] == 180 and 0 < r["control"]["tool_error_rate"] < 1
+    res = aa_rates(rows, LoopConfig(), splits=100)
+    assert res["false_promotion"]["rate"] <= 0.05 and res["false_guardrail_rollback"]["rate"] <= 0.05
+    assert 0 <= res["false_alarm_rollback"]["rate"] <= 1 and res["splits"] == 100
