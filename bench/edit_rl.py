@@ -39,6 +39,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "run": "str",
+    "base": "str",
+    "steps": "int",
+    "rl_not_run": "str|null",
+    "lr": "float",
+    "reward_weights": "dict",
+    "samples": "int",
+    "temperature": "float",
+    "prompts": "dict",
+    "select_right_fix_by_step": "list",
+    "train_right_fix_by_step": "list",
+    "rl_seconds": "float",
+    "stages": "dict",
+    "rule": "str",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("well_formed", "attempted", "edits", "on_bug_line", "right_fix")
 

@@ -46,6 +46,15 @@ from etude.tasks.history import CommitOutcome, HistoryConfig, mine_history, summ
 from etude.tasks.history_suite import MANIFEST, HistoryEntry, HistoryRepo, install, write_manifest
 from etude.tasks.schema import load_tasks, save_tasks, task_to_dict
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "repos": "dict",
+    "resolved_rates": "str",
+    "evaluation": "dict",
+    "oracle_unresolved": "dict",
+    "tasks": "int",
+    "tasks_per_repo": "dict",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

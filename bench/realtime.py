@@ -179,6 +179,26 @@ from etude.tasks import load_tasks
 from etude.train.sft import load_sft_config, run_sft
 from etude.types import Message
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "rules": "dict",
+    "quick": "bool",
+    "sizes": "dict",
+    "org": "str",
+    "org_b": "dict",
+    "base": "str",
+    "specialise_run": "str",
+    "specialise_heldout": "dict",
+    "engines": "dict",
+    "traffic": "dict",
+    "user_cv": "dict",
+    "degraded": "dict",
+    "confirmation": "dict",
+    "cycles": "dict",
+    "estimate_default_minutes": "str",
+    "note": "str",
+}
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SCENARIOS = ("aa", "degraded", "specialised")  # the order they run in (see the module doc)

@@ -24,6 +24,13 @@ from etude.evals.results import write_result
 from etude.pipeline.memory import PeakMemory
 from etude.provenance import provenance
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "run": "str",
+    "base": "str",
+    "steps": "int",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

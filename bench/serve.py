@@ -66,6 +66,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from etude.evals.results import write_result
 from etude.provenance import provenance
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "model": "str",
+    "max_tokens": "int",
+    "requests_per_phase": "int",
+    "concurrency": "list",
+    "torch_threads": "int",
+    "precision_hf": "str",
+    "temperature": "float",
+    "quick": "bool",
+    "targets": "dict",
+    "load_average_at_end": "float",
+    "machine": "dict",
+    "versions": "dict",
+    "engines": "dict",
+    "logs": "str",
+}
+
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 RAW_SERVER = "vllm.entrypoints.openai.api_server"  # vLLM's own OpenAI-compatible server

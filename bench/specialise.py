@@ -37,6 +37,24 @@ from etude.pipeline.specialise import EPISODE_USES, Specialise, SpecialiseConfig
 from etude.provenance import provenance
 from etude.train.metrics import read_metrics
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "org": "str",
+    "repos": "list",
+    "base": "str",
+    "split": "dict",
+    "adapter": "dict",
+    "heldout": "dict",
+    "general": "dict",
+    "budget_curve": "dict",
+    "harness": "dict",
+    "stages": "dict",
+    "memory": "dict",
+    "targets": "dict",
+    "plots": "list",
+    "heldout_role": "str",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = {"heldout_gain_points": 0.10, "heldout_mcnemar_p": 0.05, "whole_run_minutes": 60, "adapter_mib": 20}
 

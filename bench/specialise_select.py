@@ -35,6 +35,16 @@ from etude.policy import resolve_backend
 from etude.provenance import provenance
 from etude.train.sft import load_sft_config
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "suite": "str",
+    "run": "str",
+    "models": "dict",
+    "verify_edits": "int",
+    "verify_scope": "str",
+    "attempts": "dict",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

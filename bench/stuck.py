@@ -36,6 +36,19 @@ from etude.pipeline.learning import eval_harness
 from etude.policy import resolve_backend
 from etude.provenance import provenance
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "what": "str",
+    "model": "str",
+    "suite": "str",
+    "tasks": "int",
+    "repeats": "int",
+    "harness": "dict",
+    "backend": "str",
+    "workers": "int",
+    "replay": "list",
+    "wall_s": "dict",
+}
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 

@@ -20,6 +20,12 @@ difference; an A/B readout (`ab`) the relative lift of a per-user ratio metric w
 delta-method interval and the mSPRT's always-valid p and interval
 (`etude.experiments.analysis.analyze_metric`).
 
+Beyond the figures (since stop 45): a result file holds no top-level key but provenance, records,
+figures and meta; meta holds only the keys its script declares in `META_SCHEMA` (each of its
+declared type; the script is the provenance command's, read without importing it), and no
+claim-like key (`headline`, `*claim*`, `conclusion`) at any depth; the provenance's commit must be a
+commit of the repository holding the file (not checked in a shallow clone).
+
 Every `*.json` under the folder (subfolders included) must follow it: a file without provenance or
 records fails, it does not pass silently. `legacy/` is skipped, explicitly and counted: it holds
 the files that predate the seal (issue 29; legacy/README.md says what was edited by hand there).

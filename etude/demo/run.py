@@ -62,6 +62,19 @@ from etude.tasks.curriculum import builtin_curriculum
 from etude.train.metrics import read_metrics
 from etude.train.sft import load_sft_config
 
+META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (etude.evals.results)
+    "checkpoints": "dict",
+    "backend": "str",
+    "heldout": "dict|null",
+    "stages": "list",
+    "stage_times": "dict",
+    "cycle": "dict|null",
+    "comparison": "dict|null",
+    "memory": "dict|null",
+    "specialise": "dict|null",
+    "first_run": "bool",
+}
+
 __all__ = ["QUICK", "Demo", "DemoConfig", "record_demo", "resolve_backend", "run_demo"]
 
 

@@ -52,6 +52,7 @@ significant digits: within half a unit of its own last place (0.0254 stands for 
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import math
@@ -358,6 +359,56 @@ def _claims(meta: Any, at: str = "meta") -> list[str]:
     return []
 
 
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout whose bench/ and etude/ wrote the results
+_TYPES: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
+                                       "dict": (dict,), "list": (list,), "null": (type(None),)}
+
+
+def script_of(command: Any) -> str | None:
+    """The script a result's provenance command ran, relative to the project: the first `*.py`
+    argument, or etude/demo/run.py for `etude demo`."""
+    words = command if isinstance(command, list) else str(command or "").split()
+    if words[:2] == ["etude", "demo"]:
+        return "etude/demo/run.py"
+    return next((w for w in words if w.endswith(".py")), None)
+
+
+def declared_schema(script: Path) -> dict[str, str] | None:
+    """The script's `META_SCHEMA = {key: "type[|type]"}` literal (read, not imported), or None."""
+    try:
+        tree = ast.parse(script.read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
+                                                                       and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and target.id == "META_SCHEMA" and node.value is not None:
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def schema_problems(meta: Any, schema: dict[str, str], script: str) -> list[str]:
+    """meta's keys that `schema` does not declare, or whose value is not of a declared type."""
+    if meta is None:
+        return []
+    if not isinstance(meta, dict):
+        return ["meta is not an object"]
+    out = []
+    for k, v in meta.items():
+        if k not in schema:
+            out.append(f"meta.{k}: not in {script}'s META_SCHEMA (a field its script does not write is not verified)")
+            continue
+        kinds = str(schema[k]).split("|")
+        if not any(isinstance(v, _TYPES.get(t, ())) and not (t in ("int", "float") and isinstance(v, bool))
+                   for t in kinds):
+            out.append(f"meta.{k}: a {type(v).__name__}, {script}'s META_SCHEMA says {schema[k]}")
+    return out
+
+
 def commit_exists(commit: Any, repo: Path) -> bool | None:
     """Whether `commit` names a commit of the git repository at `repo` (None: cannot tell — no git,
     not a repository, or a shallow clone whose history is cut)."""
@@ -395,8 +446,13 @@ def check_result(path: Path) -> list[str]:
     if not isinstance(prov, dict) or "git_commit" not in prov or "command" not in prov:
         problems.append(f"{where}: no provenance (a file written by hand or before the seal: regenerate it with "
                         f"etude.evals.results.write_result, or move it to {LEGACY_DIR}/)")
-    elif commit_exists(prov["git_commit"], path.resolve().parent) is False:
-        problems.append(f"{where}: provenance.git_commit {prov['git_commit']!r} is not a commit of this repository")
+    else:
+        if commit_exists(prov["git_commit"], path.resolve().parent) is False:
+            problems.append(f"{where}: provenance.git_commit {prov['git_commit']!r} is not a commit of this repository")
+        script = script_of(prov.get("command"))
+        schema = declared_schema(PROJECT / script) if script else None
+        if schema is not None:
+            problems += [f"{where}: {p}" for p in schema_problems(doc.get("meta"), schema, script)]
     rec = doc.get("records")
     rpath = records_path(path)
     if not isinstance(rec, dict) or rec.get("file") != rpath.name:

@@ -315,3 +315,24 @@ def test_a_commit_missing_from_the_repository_fails_verify(tmp_path):
     assert verify.main(["--results", str(repo / "results")]) == 0
     _edit(path, lambda d: d["provenance"].update(git_commit="1234567" + head[7:][::-1]))
     assert verify.main(["--results", str(repo / "results")]) == 1
+
+
+def test_every_result_files_script_declares_what_its_meta_may_hold():
+    from etude.evals.results import PROJECT, declared_schema, script_of
+
+    for path in sorted((BENCH_DIR / "results").glob("*.json")):
+        script = script_of(json.loads(path.read_text())["provenance"]["command"])
+        assert script and declared_schema(PROJECT / script), f"{path.name}: {script} declares no META_SCHEMA"
+
+
+def test_a_meta_field_its_script_does_not_declare_fails_verify(tmp_path):
+    import shutil
+
+    src = BENCH_DIR / "results" / "rl_memory.json"
+    for p in (src, src.with_name("rl_memory.records.jsonl")):
+        shutil.copy(p, tmp_path / p.name)
+    assert verify.main(["--results", str(tmp_path)]) == 0
+    _edit(tmp_path / "rl_memory.json", lambda d: d["meta"].update(promotions=2))
+    assert verify.main(["--results", str(tmp_path)]) == 1
+    _edit(tmp_path / "rl_memory.json", lambda d: (d["meta"].pop("promotions"), d["meta"].update(steps="many")))
+    assert verify.main(["--results", str(tmp_path)]) == 1
