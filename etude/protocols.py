@@ -85,6 +85,14 @@ class ModelPolicy(Protocol):
 
 
 @runtime_checkable
+class EngineStatsPolicy(Protocol):
+    """A policy whose engine reports its own counters (VLLMPolicy: batch sizes, KV cache), merged
+    into the batcher's stats on /health."""
+
+    def engine_stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class TokenizerPolicy(Protocol):
     """A policy whose `tokenizer` decodes its token ids (to cut a batched completion short)."""
 

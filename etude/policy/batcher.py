@@ -38,6 +38,7 @@ from typing import Any
 
 from etude.protocols import (
     BatchPolicy,
+    EngineStatsPolicy,
     ModelPolicy,
     NativeToolsPolicy,
     SubmitPolicy,
@@ -274,7 +275,7 @@ class EngineQueue:
     def stats(self) -> BatchStats:
         """This checkpoint's answered requests and most in flight; batches and seqs are the
         engine's steps and requests per step (shared by every checkpoint on that engine)."""
-        eng = self.policy.engine_stats() if callable(getattr(self.policy, "engine_stats", None)) else {}
+        eng = self.policy.engine_stats() if isinstance(self.policy, EngineStatsPolicy) else {}
         with self._cv:
             return BatchStats(batches=int(eng.get("steps", 0)), jobs=self._jobs, max_batch_seen=self._max_in_flight,
                               seqs=int(eng.get("seqs", 0)))
@@ -344,11 +345,11 @@ class BatchedPolicy(NativeToolsPolicy):
         self.inner = policy
         self.batcher = Batcher(policy, max_batch=max_batch, wait_ms=wait_ms, max_wait_ms=max_wait_ms)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
+    # NOTE: no __getattr__ forwarding to the inner policy: what a BatchedPolicy can do is declared
+    # here (Policy, NativeToolsPolicy), so the capability protocols' isinstance answers the same on
+    # Python 3.11 (hasattr) and 3.12+ (getattr_static). Reach the wrapped policy through `inner`.
     @property
-    def native_tools(self) -> bool:  # declared, so an isinstance check does not rely on __getattr__
+    def native_tools(self) -> bool:
         return native_tools(self.inner)
 
     @property

