@@ -39,23 +39,23 @@ def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, spli
     rows} (a caller with alarms computes them from "rows" and puts them in before deciding)."""
     rng = np.random.default_rng(seed)
     promoted = guard_rollbacks = alarm_rollbacks = other_rollbacks = undecided = 0
-    for _ in range(splits):
+    outcomes: list[dict[str, Any]] = []
+    for i in range(splits):
         dealt = reassign(rows, rng, cfg.weights)
         if {r["arm"] for r in dealt} != set(ARMS):
-            undecided += 1
-            continue
-        ab = analyze(dealt, cfg)
-        verdict, reason = decide({"ab": ab, "alarms": [], "rows": dealt})
-        if verdict == "promote":
-            promoted += 1
-        elif verdict == "rollback" and reason.startswith("guardrail failed"):
-            guard_rollbacks += 1
-        elif verdict == "rollback" and reason.startswith("hack alarm"):
-            alarm_rollbacks += 1
-        elif verdict == "rollback":
-            other_rollbacks += 1
+            verdict, reason = None, "one arm got no user"
         else:
-            undecided += 1
+            verdict, reason = decide({"ab": analyze(dealt, cfg), "alarms": [], "rows": dealt})
+        kind = ("promote" if verdict == "promote" else
+                "guardrail" if verdict == "rollback" and reason.startswith("guardrail failed") else
+                "alarm" if verdict == "rollback" and reason.startswith("hack alarm") else
+                "other_rollback" if verdict == "rollback" else "undecided")
+        promoted += kind == "promote"
+        guard_rollbacks += kind == "guardrail"
+        alarm_rollbacks += kind == "alarm"
+        other_rollbacks += kind == "other_rollback"
+        undecided += kind == "undecided"
+        outcomes.append({"split": i, "outcome": kind, "reason": reason})
 
     def rate(k: int) -> dict[str, Any]:
         ci = stats.binomtest(k, splits).proportion_ci(0.95, method="exact")
@@ -64,4 +64,4 @@ def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, spli
     return {"splits": splits, "alpha": cfg.alpha, "users": len({str(r["user_id"]) for r in rows}),
             "false_promotion": rate(promoted), "false_guardrail_rollback": rate(guard_rollbacks),
             "false_alarm_rollback": rate(alarm_rollbacks),
-            "other_rollback": rate(other_rollbacks), "undecided": undecided, "seed": seed}
+            "other_rollback": rate(other_rollbacks), "undecided": undecided, "seed": seed, "outcomes": outcomes}

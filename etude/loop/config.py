@@ -312,6 +312,16 @@ class AlarmSection:
     min_interactions: int = 3
     """per arm; fewer and no alarm is evaluated (reported as insufficient)."""
     rules: tuple[AlarmSpec, ...] = field(default_factory=_default_alarms)
+    evidence: str = "sequential"
+    """"sequential": an alarm fires when its indicator moved past the threshold *and* the
+    always-valid (mSPRT) p of that metric's change is below alpha / number of rules, so on A/A
+    traffic the alarms together fire at most alpha of the time; "threshold": past the threshold
+    alone (before stop 45: on 8 users an arm, 20% of re-randomised A/A splits fired one,
+    bench/results/aa_readout.json)."""
+
+    def __post_init__(self) -> None:
+        if self.evidence not in ("sequential", "threshold"):
+            raise EtudeError(f"[alarms] evidence must be sequential or threshold, not {self.evidence!r}")
 
 
 @dataclass(frozen=True)

@@ -433,7 +433,7 @@ class _Cycle:
         if ab is not None and plan is not None:
             ab["plan"] = plan.to_dict()
         ratios = arm_ratios(facts)
-        return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms), "rows": rows}
+        return {"ab": ab, "arm_ratios": ratios, "alarms": alarms(ratios, self.cfg.alarms, ab, c.alpha), "rows": rows}
 
     def _publish(self, exp_id: str, rd: dict[str, Any], rnd: int | None, decision: str | None, reason: str) -> None:
         """Record the readout the loop decides on in the store, where `etude serve`'s /dashboard

@@ -108,10 +108,15 @@ def arm_ratios(facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def alarms(ratios: dict[str, dict[str, Any]], cfg: Any) -> list[dict[str, Any]]:
+def alarms(ratios: dict[str, dict[str, Any]], cfg: Any, ab: dict[str, Any] | None = None,
+           alpha: float = 0.05) -> list[dict[str, Any]]:
     """Each hack indicator of the candidate against production; `fired` True when it moved past
-    its threshold in its suspicious direction, None when an arm has too few interactions."""
+    its threshold in its suspicious direction — and, with `cfg.evidence = "sequential"`, when the
+    readout `ab` shows that metric's change with an always-valid p below alpha / len(rules) (no
+    readout: no evidence, not fired) — None when an arm has too few interactions."""
     enough = min(ratios["control"]["interactions"], ratios["canary"]["interactions"]) >= cfg.min_interactions
+    sequential = getattr(cfg, "evidence", "threshold") == "sequential"
+    level = alpha / max(1, len(cfg.rules))
     out = []
     for rule in cfg.rules:
         a, b = ratios["control"].get(rule.metric), ratios["canary"].get(rule.metric)
@@ -120,7 +125,11 @@ def alarms(ratios: dict[str, dict[str, Any]], cfg: Any) -> list[dict[str, Any]]:
         if enough and a is not None and b is not None:
             change = (b / a - 1.0 if a else (0.0 if b == 0 else float("inf"))) if rule.relative else b - a
             signed = change if rule.direction == "up" else -change
-            rec.update(change=change, fired=bool(signed > rule.threshold))
+            past = bool(signed > rule.threshold)
+            rec.update(change=change, fired=past)
+            if sequential:
+                p = (((ab or {}).get("metrics") or {}).get(rule.metric) or {}).get("msprt_p")
+                rec.update(msprt_p=p, level=level, fired=bool(past and p is not None and p < level))
         else:
             rec["note"] = f"fewer than {cfg.min_interactions} interactions in an arm"
         out.append(rec)

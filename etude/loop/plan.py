@@ -79,6 +79,7 @@ def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment:
                        for g in c.guardrails],
         "alarms": [{"metric": a.metric, "direction": a.direction, "threshold": a.threshold, "relative": a.relative}
                    for a in cfg.alarms.rules],
+        "alarm_evidence": cfg.alarms.evidence,
         "mode": s.get("mode", "ab"), "mde_source": s.get("source", "[canary] mde"),
         "users_per_arm": list(s["users_per_arm"]) if s.get("users_per_arm") else None,
         "users_reach": list(s["reach"]) if s.get("reach") else None,

@@ -49,14 +49,18 @@ def ratios_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def loop_rule(cfg: LoopConfig) -> Callable[[dict[str, Any]], tuple[str | None, str]]:
+    """The loop's decision on a readout {"ab", "rows"}: its hack alarms computed from the rows
+    (`ratios_from_rows`), then `decide` with the config's canary."""
+    return lambda rd: decide({**rd, "alarms": alarms(ratios_from_rows(rd["rows"]), cfg.alarms, rd["ab"],
+                                                     cfg.canary.alpha)}, cfg.canary)
+
+
 def aa_rates(rows: list[dict[str, Any]], cfg: LoopConfig, splits: int = 200, seed: int = 0) -> dict[str, Any]:
     """The loop's readout and decision rule (guardrails, hack alarms, primary) over `splits` A/A
     re-deals of one model's per-user rows (etude.experiments.aa.rerandomised): false promotion,
     guardrail rollback and alarm rollback rates, each with its exact interval."""
-    def rule(rd: dict[str, Any]) -> tuple[str | None, str]:
-        return decide({**rd, "alarms": alarms(ratios_from_rows(rd["rows"]), cfg.alarms)}, cfg.canary)
-
-    return rerandomised(rows, rule, ab_config(cfg), splits, seed)
+    return rerandomised(rows, loop_rule(cfg), ab_config(cfg), splits, seed)
 
 
 def live_readout(store: Any, org: str, experiment_id: str, cfg: LoopConfig | None = None) -> dict[str, Any]:
@@ -69,7 +73,7 @@ def live_readout(store: Any, org: str, experiment_id: str, cfg: LoopConfig | Non
     plan = cfg.canary.plan()
     ratios = arm_ratios(facts)
     return {"ab": ab, "plan": plan.to_dict() if plan is not None else None, "primary": cfg.canary.primary,
-            "arm_ratios": ratios, "alarms": alarms(ratios, cfg.alarms)}
+            "arm_ratios": ratios, "alarms": alarms(ratios, cfg.alarms, ab, cfg.canary.alpha)}
 
 
 def dashboard_readout(cfg: LoopConfig | None = None) -> Callable[[Any, str, Any], dict[str, Any]]:

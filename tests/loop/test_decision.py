@@ -83,13 +83,22 @@ def test_no_readout_is_not_a_decision() -> None:
 
 
 def test_alarms_fire_only_in_their_direction_and_with_enough_data() -> None:
-    cfg = AlarmSection(min_interactions=2, rules=(AlarmSpec("clarification_rate", "up", 0.2),
-                                                  AlarmSpec("edit_rate", "down", 0.2),
-                                                  AlarmSpec("answer_length", "up", 0.5, relative=True)))
+    cfg = AlarmSection(min_interactions=2, evidence="threshold",
+                       rules=(AlarmSpec("clarification_rate", "up", 0.2), AlarmSpec("edit_rate", "down", 0.2),
+                              AlarmSpec("answer_length", "up", 0.5, relative=True)))
     ratios = {"control": {"interactions": 5, "clarification_rate": 0.1, "edit_rate": 0.6, "answer_length": 100.0},
               "canary": {"interactions": 5, "clarification_rate": 0.5, "edit_rate": 0.9, "answer_length": 160.0}}
     got = {a["metric"]: a["fired"] for a in alarms(ratios, cfg)}
     assert got == {"clarification_rate": True, "edit_rate": False, "answer_length": True}
+    # sequential evidence: past the threshold is not enough without an always-valid p below alpha / rules
+    import dataclasses
+
+    seq = dataclasses.replace(cfg, evidence="sequential")
+    ab = {"metrics": {"clarification_rate": {"msprt_p": 0.001}, "answer_length": {"msprt_p": 0.2},
+                      "edit_rate": {"msprt_p": 0.001}}}
+    got = {a["metric"]: a["fired"] for a in alarms(ratios, seq, ab, alpha=0.05)}
+    assert got == {"clarification_rate": True, "edit_rate": False, "answer_length": False}
+    assert not any(a["fired"] for a in alarms(ratios, seq))  # no readout: no evidence
     ratios["canary"]["interactions"] = 1
     assert all(a["fired"] is None for a in alarms(ratios, cfg))
 
