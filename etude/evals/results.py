@@ -53,6 +53,7 @@ significant digits: within half a unit of its own last place (0.0254 stands for 
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import math
@@ -409,16 +410,26 @@ def schema_problems(meta: Any, schema: dict[str, str], script: str) -> list[str]
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _full_history(repo: str) -> bool:
+    """Whether `repo` is in a git repository with its whole history (asked once per folder: every
+    result file in it shares the answer)."""
+    try:
+        r = subprocess.run(["git", "-C", repo, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and r.stdout.strip() == "false"
+
+
 def commit_exists(commit: Any, repo: Path) -> bool | None:
     """Whether `commit` names a commit of the git repository at `repo` (None: cannot tell — no git,
     not a repository, or a shallow clone whose history is cut)."""
     if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit) or not commit.strip("0"):
         return False
+    if not _full_history(str(repo)):
+        return None
     try:
-        shallow = subprocess.run(["git", "-C", str(repo), "rev-parse", "--is-shallow-repository"],
-                                 capture_output=True, text=True, timeout=30)
-        if shallow.returncode != 0 or shallow.stdout.strip() == "true":
-            return None
         r = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True,
                            timeout=30)
     except (OSError, subprocess.TimeoutExpired):

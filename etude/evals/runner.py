@@ -131,7 +131,7 @@ def _manifest(out: Path, tasks: list[Task], model: str, digest: str | None, cfg:
     """Write run.json, or check a resumed run matches the one already in `out`."""
     new = {"model": model, "model_sha256": digest, "suite_sha256": suite_hash(tasks),
            "instance_ids": [t.instance_id for t in tasks], "samples": cfg.samples, "config": cfg.to_dict(),
-           "sealed_read": sorted({p for t in tasks if (p := seal.task_package(t)) in seal.sealed_packages()})}  # fmt: skip
+           "sealed_read": seal.sealed_in(tasks)}  # fmt: skip
     path = out / MANIFEST
     if path.is_file():
         old = json.loads(path.read_text())

@@ -13,6 +13,7 @@ windows is not in it); each count is binomial, so a rate of 200 splits has a ±3
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,6 @@ def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, spli
     `decide(readout)` is the loop's rule on {"ab": analyze(...), "alarms": [], "rows": the re-dealt
     rows} (a caller with alarms computes them from "rows" and puts them in before deciding)."""
     rng = np.random.default_rng(seed)
-    promoted = guard_rollbacks = alarm_rollbacks = other_rollbacks = undecided = 0
     outcomes: list[dict[str, Any]] = []
     for i in range(splits):
         dealt = reassign(rows, rng, cfg.weights)
@@ -50,18 +50,14 @@ def rerandomised(rows: list[dict[str, Any]], decide: Decide, cfg: ABConfig, spli
                 "guardrail" if verdict == "rollback" and reason.startswith("guardrail failed") else
                 "alarm" if verdict == "rollback" and reason.startswith("hack alarm") else
                 "other_rollback" if verdict == "rollback" else "undecided")
-        promoted += kind == "promote"
-        guard_rollbacks += kind == "guardrail"
-        alarm_rollbacks += kind == "alarm"
-        other_rollbacks += kind == "other_rollback"
-        undecided += kind == "undecided"
         outcomes.append({"split": i, "outcome": kind, "reason": reason})
+    count = Counter(o["outcome"] for o in outcomes)
 
     def rate(k: int) -> dict[str, Any]:
         ci = stats.binomtest(k, splits).proportion_ci(0.95, method="exact")
         return {"k": k, "n": splits, "rate": k / splits, "ci95": [float(ci.low), float(ci.high)]}
 
     return {"splits": splits, "alpha": cfg.alpha, "users": len({str(r["user_id"]) for r in rows}),
-            "false_promotion": rate(promoted), "false_guardrail_rollback": rate(guard_rollbacks),
-            "false_alarm_rollback": rate(alarm_rollbacks),
-            "other_rollback": rate(other_rollbacks), "undecided": undecided, "seed": seed, "outcomes": outcomes}
+            "false_promotion": rate(count["promote"]), "false_guardrail_rollback": rate(count["guardrail"]),
+            "false_alarm_rollback": rate(count["alarm"]), "other_rollback": rate(count["other_rollback"]),
+            "undecided": count["undecided"], "seed": seed, "outcomes": outcomes}

@@ -400,9 +400,9 @@ class _Cycle:
                                                      ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
         # the plan, registered before the first user (a different one on resume is refused), is
         # what every readout of this canary decides on
-        plan = registry.register_plan(self.store, exp_id, registered_plan(self.cfg, self.state.data.get("plan"), exp_id))
-        _write_json(self.dir / "plan.json", {**plan, "registered": registry.registered_plan(self.store, exp_id)["sha256"]})
-        c = canary_of(plan, self.cfg)
+        reg = registry.register_plan(self.store, exp_id, registered_plan(self.cfg, self.state.data.get("plan"), exp_id))
+        _write_json(self.dir / "plan.json", {**reg["plan"], "registered": reg["sha256"]})
+        c = canary_of(reg["plan"], self.cfg)
         if not out["readouts"]:  # the plan is on /dashboard before the first user arrives
             self._publish(exp_id, {"ab": None, "arm_ratios": {}, "alarms": []}, None, None, "no canary traffic yet")
         while out["rounds"] < c.rounds:

@@ -94,18 +94,23 @@ def ab_rows(facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for (u, arm, m), (n, d, ts) in sorted(acc.items(), key=lambda kv: kv[1][2]) if d > 0]
 
 
+def ratios_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Pooled ratio of every metric per arm (what the alarms compare) from per-user A/B rows
+    (`ab_rows`; analyze's arms named back to the loop's), with the arm's interactions (the
+    denominator of latency_s: one per interaction); None where a metric has no denominator."""
+    sums = {arm: {m: [0.0, 0.0] for m in METRICS} for arm in ("control", "canary")}
+    for r in rows:
+        acc = sums["canary" if r["arm"] == "treatment" else "control"].setdefault(r["metric"], [0.0, 0.0])
+        acc[0] += float(r["numerator"])
+        acc[1] += float(r["denominator"])
+    return {arm: {"interactions": int(by["latency_s"][1]), **{m: (n / d if d else None) for m, (n, d) in by.items()}}
+            for arm, by in sums.items()}
+
+
 def arm_ratios(facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Pooled ratio of every metric per arm (what the alarms compare), with interaction counts."""
-    out: dict[str, dict[str, Any]] = {}
-    for arm in ("control", "canary"):
-        fs = [f for f in facts if f["arm"] == arm]
-        sums = {m: [0.0, 0.0] for m in METRICS}
-        for f in fs:
-            for m, (num, den) in _per_interaction(f).items():
-                sums[m][0] += num
-                sums[m][1] += den
-        out[arm] = {"interactions": len(fs), **{m: (n / d if d else None) for m, (n, d) in sums.items()}}
-    return out
+    """Pooled ratio of every metric per arm, with interaction counts (`ratios_from_rows` of the
+    facts' A/B rows)."""
+    return ratios_from_rows(ab_rows(facts))
 
 
 def alarms(ratios: dict[str, dict[str, Any]], cfg: Any, ab: dict[str, Any] | None = None,
@@ -115,7 +120,7 @@ def alarms(ratios: dict[str, dict[str, Any]], cfg: Any, ab: dict[str, Any] | Non
     readout `ab` shows that metric's change with an always-valid p below alpha / len(rules) (no
     readout: no evidence, not fired) — None when an arm has too few interactions."""
     enough = min(ratios["control"]["interactions"], ratios["canary"]["interactions"]) >= cfg.min_interactions
-    sequential = getattr(cfg, "evidence", "threshold") == "sequential"
+    sequential = cfg.evidence == "sequential"
     level = alpha / max(1, len(cfg.rules))
     out = []
     for rule in cfg.rules:

@@ -22,7 +22,7 @@ from etude.experiments import ABConfig, Guardrail, analyze
 from etude.experiments.aa import rerandomised
 from etude.loop.config import LoopConfig
 from etude.loop.decision import decide
-from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
+from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts, ratios_from_rows
 
 
 def ab_config(cfg: LoopConfig, canary: Any = None) -> ABConfig:
@@ -30,23 +30,6 @@ def ab_config(cfg: LoopConfig, canary: Any = None) -> ABConfig:
     c = canary or cfg.canary
     return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power, guardrail_rule=c.guardrail_rule,
                     guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
-
-
-def ratios_from_rows(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`etude.loop.metrics.arm_ratios` recomputed from per-user A/B rows (analyze's arms renamed
-    back to the loop's): each metric's pooled ratio per arm, and the arm's interactions (the
-    denominator of a per-interaction metric)."""
-    sums: dict[str, dict[str, list[float]]] = {"control": {}, "canary": {}}
-    for r in rows:
-        arm = "canary" if r["arm"] == "treatment" else "control"
-        acc = sums[arm].setdefault(r["metric"], [0.0, 0.0])
-        acc[0] += float(r["numerator"])
-        acc[1] += float(r["denominator"])
-    out = {}
-    for arm, by in sums.items():
-        n = int(by.get("latency_s", [0.0, 0.0])[1])  # one per interaction
-        out[arm] = {"interactions": n, **{m: (a / d if d else None) for m, (a, d) in by.items()}}
-    return out
 
 
 def loop_rule(cfg: LoopConfig) -> Callable[[dict[str, Any]], tuple[str | None, str]]:

@@ -392,7 +392,8 @@ def _plan_digest(plan: dict[str, Any]) -> str:
 
 
 def register_plan(store: SQLStore, exp_id: str, plan: dict[str, Any]) -> dict[str, Any]:
-    """Register `plan` for experiment `exp_id` before its traffic; returns the registered plan.
+    """Register `plan` for experiment `exp_id` before its traffic; returns what is registered, as
+    `registered_plan` reads it ({"registered_at", "sha256", "plan"}).
     The same plan again (a resumed cycle) is a no-op. Refused (EtudeError) when a different plan
     is registered already, or when the experiment has traffic and no plan: a readout decides on
     the plan it announced before its first user, never on one chosen after seeing data."""
@@ -408,15 +409,16 @@ def register_plan(store: SQLStore, exp_id: str, plan: dict[str, Any]) -> dict[st
                            if old.get(k) != new.get(k)]
                 raise EtudeError(f"experiment {exp_id} registered its plan before traffic; changing it is refused "
                                  f"({'; '.join(changed)[:400]})")
-            return dict(row.plan)
+            return {"registered_at": row.registered_at, "sha256": row.sha256, "plan": dict(row.plan)}
         seen = conn.execute(sa.select(sa.func.count()).select_from(t.interactions)
                             .where(t.interactions.c.experiment_id == exp_id)).scalar_one()
         if seen:
             raise EtudeError(f"experiment {exp_id} already has {seen} interaction(s): a plan registered after traffic "
                              "started is refused")
+        now = time.time()
         conn.execute(t.experiment_plans.insert().values(experiment_id=exp_id, org_id=exp.org_id,
-                                                        registered_at=time.time(), sha256=digest, plan=_finite(plan)))
-    return _finite(plan)
+                                                        registered_at=now, sha256=digest, plan=_finite(plan)))
+    return {"registered_at": now, "sha256": digest, "plan": _finite(plan)}
 
 
 def registered_plan(store: SQLStore, exp_id: str) -> dict[str, Any] | None:

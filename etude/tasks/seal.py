@@ -51,9 +51,6 @@ to read a final figure, or to build, validate or count tasks with no model invol
 curriculum`, `etude grade`). Only "final" and "build" may see a sealed task."""
 OPEN_USES = ("final", "build")
 
-# Import names of the sealed packages where they differ from the distribution's normalised name.
-_IMPORT_NAMES: dict[str, str] = {}
-
 _granted: list[dict[str, Any]] = []  # overrides granted in this process, in order
 
 SEAL_KEY = "sealed"  # Task.meta key of an organisation's held-out test set (`seal_heldout`)
@@ -139,15 +136,23 @@ def _refuse_or_record(found: Sequence[str], where: str, allow: bool) -> dict[str
     return record
 
 
+def sealed_in(tasks: Iterable[Task]) -> list[str]:
+    """The sealed packages `tasks` come from (sorted, each once)."""
+    return sorted({p for t in tasks if (p := task_package(t)) in SEALED})
+
+
+def sealed_repo_names(repo: str | Path) -> list[str]:
+    """The sealed packages a local repository's names match (`repo_names`), sorted."""
+    return sorted(repo_names(repo) & SEALED)
+
+
 def guard(tasks: Iterable[Task], *, use: str, where: str) -> list[Task]:
     """`tasks`, unless one holds a sealed package and `use` is not "final" (EtudeError naming
     `where`), or the override was granted to this process (then a warning, and `tasks`)."""
     _check_use(use)
     tasks = list(tasks)
     if use not in OPEN_USES and not override_active():
-        sealed = sealed_packages()
-        found = sorted({p for t in tasks if (p := task_package(t)) in sealed})
-        found += sorted({str(t.meta[SEAL_KEY]) for t in tasks if t.meta.get(SEAL_KEY)})
+        found = sealed_in(tasks) + sorted({str(t.meta[SEAL_KEY]) for t in tasks if t.meta.get(SEAL_KEY)})
         if found:
             _refuse_or_record(found, where, False)
     return tasks
@@ -211,9 +216,7 @@ def guard_repo(repo: str | Path, *, use: str, where: str) -> None:
     _check_use(use)
     if use in OPEN_USES or override_active():
         return
-    sealed = sealed_packages() | {normalise(v) for v in _IMPORT_NAMES.values()}
-    found = sorted(repo_names(repo) & sealed)
-    if found:
+    if found := sealed_repo_names(repo):
         raise EtudeError(f"{where}: {repo} holds the code of a sealed test-split package ({', '.join(found)}); "
                          f"it cannot be used to train, select or gate ({OVERRIDE_FLAG} overrides and marks the "
                          "run contaminated)")
@@ -222,9 +225,7 @@ def guard_repo(repo: str | Path, *, use: str, where: str) -> None:
 def check_tasks(tasks: Iterable[Task], where: str, allow: bool = False) -> dict[str, Any] | None:
     """Refuse `tasks` holding a sealed package (EtudeError), or with `allow` return the
     contamination record (None when clean) and grant the override to this process's loaders."""
-    sealed = sealed_packages()
-    found = sorted({p for t in tasks if (p := task_package(t)) in sealed})
-    return _refuse_or_record(found, where, allow)
+    return _refuse_or_record(sealed_in(tasks), where, allow)
 
 
 def check_source(spec: str | Path | None, where: str, allow: bool = False) -> dict[str, Any] | None:
@@ -238,8 +239,7 @@ def check_source(spec: str | Path | None, where: str, allow: bool = False) -> di
         return _refuse_or_record([text], where, allow) if _sealed_builtin(text) else None
     p = Path(text)
     if p.is_dir():
-        found = sorted(repo_names(p) & sealed_packages())
-        return _refuse_or_record(found, where, allow)
+        return _refuse_or_record(sealed_repo_names(p), where, allow)
     if not p.is_file():
         return None
     try:
