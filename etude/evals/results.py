@@ -34,6 +34,11 @@ those values. Figure kinds:
 - `noninferiority` {a, b, key, field, margin[, alpha]}: values averaged per `key` in each arm, then
   `stats.paired_noninferiority(a, b, margin)` (B no worse than A by more than margin): n, mean_a,
   mean_b, mean_diff, sd_diff, lower_bound, p, noninferior, power_at_margin, n_for_power.
+- `paired_mean` {a, b, key, field[, cluster]}: continuous values matched on `key` (each key once
+  per arm): n, mean_a, mean_b, mean_diff = mean(b − a), its 95% seeded bootstrap interval (ci_low,
+  ci_high) and the two-sided Wilcoxon signed-rank p (`stats.paired_mean_diff`); with `cluster` (a
+  field of arm a's records, e.g. the commit a held-out line came from) the bootstrap resamples
+  clusters and the test runs on the clusters' mean differences (n_clusters of them).
 - `ab` {of, metric[, alpha, mde, power, weights]}: the A/B readout of one ratio metric over the
   selected per-user rows (user_id, arm "control"|"treatment", metric, numerator, denominator, and
   `ts` for the order of looks) — `etude.experiments.analysis.analyze_metric` under an `ABConfig` of
@@ -85,6 +90,8 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
     "noninferiority": ({"a", "b", "key", "field", "margin"}, {"alpha"},
                        {"test", "n", "mean_a", "mean_b", "mean_diff", "sd_diff", "lower_bound", "p", "noninferior",
                         "power_at_margin", "n_for_power", "power_target"}),
+    "paired_mean": ({"a", "b", "key", "field"}, {"cluster"},
+                    {"n", "n_clusters", "mean_a", "mean_b", "mean_diff", "ci_low", "ci_high", "p"}),
     "ab": ({"of", "metric"}, {"alpha", "mde", "power", "weights"},
            {"users_control", "users_treatment", "control", "treatment", "delta", "ci_low", "ci_high", "p_value",
             "msprt_p", "msprt_ci_low", "msprt_ci_high"}),
@@ -221,10 +228,24 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
                 "gain": s["gain_points"], "b_only": s["b_only"], "a_only": s["a_only"], "p": s["mcnemar_p"]}
     if kind == "ab":
         return _ab(fig, records, name)
+    if kind == "paired_mean":
+        return _paired_mean(fig, records, name)
     av, bv = _pairs(fig, records, name, once=False)
     ni = stats.paired_noninferiority(av, bv, float(fig["margin"]), alpha=float(fig.get("alpha", 0.05)))
     return {"mean_a": statistics.mean(av) if av else None, "mean_b": statistics.mean(bv) if bv else None,
             **{k: v for k, v in ni.items() if k not in ("margin", "alpha")}}
+
+
+def _paired_mean(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    av, bv = _pairs(fig, records, name, once=True)
+    clusters = None
+    if fig.get("cluster") is not None:
+        rows = _select(records, fig["a"], name)
+        of = {r[fig["key"]]: r.get(fig["cluster"]) for r in rows}
+        if any(v is None for v in of.values()):
+            raise ResultError(f"figure {name}: a selected record has no cluster field {fig['cluster']!r}")
+        clusters = [of[k] for k in sorted(of, key=str)]
+    return stats.paired_mean_diff(av, bv, clusters)
 
 
 def _ab(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:

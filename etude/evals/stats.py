@@ -219,6 +219,38 @@ def noninferiority_p(losses: int, gains: int, n: int, margin: float) -> float:
 
 
 # -- several comparisons on one held-out set, and non-inferiority of continuous paired values ---
+def paired_mean_diff(a: Sequence[float], b: Sequence[float], clusters: Sequence[Any] | None = None, *,
+                     resamples: int = 2000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Paired continuous values (one per unit, e.g. a held-out line's loss under base and adapter):
+    the mean of b − a with a seeded percentile bootstrap interval and a two-sided Wilcoxon
+    signed-rank p. With `clusters` (a label per unit, e.g. the commit a line came from) units of one
+    cluster are not independent: the bootstrap resamples whole clusters and the test runs on the
+    clusters' mean differences, so a commit with many lines counts once in the p value."""
+    d = np.asarray(b, dtype=float) - np.asarray(a, dtype=float)  # raises on unequal lengths
+    n = int(d.size)
+    labels = list(range(n)) if clusters is None else list(clusters)
+    if len(labels) != n:
+        raise ValueError("one cluster label per pair")
+    groups: dict[Any, list[int]] = {}
+    for i, c in enumerate(labels):
+        groups.setdefault(c, []).append(i)
+    out: dict[str, Any] = {"n": n, "n_clusters": len(groups), "mean_a": float(np.mean(a)) if n else None,
+                           "mean_b": float(np.mean(b)) if n else None, "mean_diff": float(d.mean()) if n else None,
+                           "ci_low": None, "ci_high": None, "p": None}
+    if n < 2 or len(groups) < 2:
+        return out
+    idx = list(groups.values())
+    sums = np.array([d[g].sum() for g in idx])
+    sizes = np.array([len(g) for g in idx], dtype=float)
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(idx), size=(resamples, len(idx)))
+    means = sums[pick].sum(axis=1) / sizes[pick].sum(axis=1)  # the item mean of each resample
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    out.update(ci_low=float(low), ci_high=float(high), p=wilcoxon_p((sums / sizes).tolist()))
+    return out
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm step-down adjusted p-values, in the order given: with m comparisons on one held-out set
     (several checkpoints against one base), the i-th smallest p becomes max over j ≤ i of
