@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         items: Annotated[int, typer.Option("--items", help="with --until: held-out lines per repository")] = 320,
     ) -> None:
         """Specialise the agent to an organisation's repositories: a LoRA adapter, measured on held-out functions (or, with --until, on the code written after a cut-off)."""
-        from etude.pipeline.specialise import SpecialiseConfig, check_org, run_specialise
+        from etude.pipeline.specialise import SpecialiseConfig, check_base, check_org, run_specialise
 
         if until is not None:
             from etude.pipeline.specialise_time import TimeSpecialiseConfig, run_time_specialise
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
             if items < 20:
                 raise EtudeError("--items must be at least 20")
             tcfg = TimeSpecialiseConfig(org=check_org(org), repos=split(repos), until=split(until), out=str(out),
-                                        base=base or "smollm2", minutes=minutes or 8.0, seed=seed,
+                                        base=check_base(base, check_org(org)), minutes=minutes or 8.0, seed=seed,
                                         regress=split(regress), regress_until=split(regress_until), items=items,
                                         register=register_)
             rep = run_time_specialise(tcfg)

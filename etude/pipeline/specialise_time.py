@@ -340,7 +340,19 @@ SPLIT_USES = ("repos", "until", "regress", "regress_until", "items", "seed")
 TRAIN_USES = SPLIT_USES + ("base", "minutes", "checkpoints", "block", "batch", "lr", "epochs", "lora_r", "lora_alpha")
 
 
+def preflight(cfg: TimeSpecialiseConfig) -> None:
+    """Every repository and cut-off resolves (one EtudeError line otherwise), before DIR is made."""
+    from etude.pipeline.specialise import check_base, check_org
+    from etude.pipeline.timesplit import resolve_cutoff, resolve_repo
+
+    check_org(cfg.org)
+    check_base(cfg.base, cfg.org)
+    for spec, until, _ in cfg.cutoffs():
+        resolve_cutoff(resolve_repo(spec), until)
+
+
 def run_time_specialise(cfg: TimeSpecialiseConfig, console: Console | None = None) -> dict[str, Any]:
+    preflight(cfg)
     ts = TimeSpecialise(cfg, console)
     st = ts.stages
     ts.con.print(f"[bold]etude specialise --until[/bold] — org {cfg.org}, base {cfg.base}, budget {cfg.minutes:g} min, "

@@ -85,8 +85,12 @@ def _sitecustomize(fd: FileDiff, tests: set[str]) -> list[Found]:
     return []
 
 
+# Options that change which tests run, which plugins load or how outcomes count. A section header
+# alone (`[tool.pytest.ini_options]`, `[tool:pytest]`) or `pythonpath` is not one: validators'
+# maintainers moved their pytest settings into pyproject.toml in a real fix (12ae1f585055).
 _PYTEST_CFG = re.compile(
-    r"addopts|(^|\s)-p\s|pytest11|pytest_plugins|\[(tool:)?pytest\]|tool\.pytest|python_files|testpaths"
+    r"addopts|(^|\s)-p\s|pytest11|pytest_plugins|python_(files|classes|functions)|testpaths|norecursedirs"
+    r"|collect_ignore|required_plugins|xfail_strict|usefixtures|confcutdir|--deselect|--ignore|(^|\s)-k\s"
 )
 
 
@@ -165,11 +169,23 @@ _BEFORE = ("==", "!=", " in", "case", ".get(", "[", "startswith(", "endswith(")
 _AFTER = ("==", "!=", "in ")
 
 
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOOKUP_BEFORE = (" in", ".get(", "[")
+_LOOKUP_AFTER = ("in ",)
+
+
 def _compared_literals(line: str) -> list[str]:
-    """String literals the line compares against or looks up (`x == "..."`, `"..." in x`, `d["..."]`)."""
+    """String literals the line compares against or looks up (`x == "..."`, `"..." in x`, `d["..."]`).
+    A plain name used as a key (`token.get("children")`, `os.environ["PYTHON_DOTENV_DISABLED"]`,
+    `"children" in token`) is a field or variable name that code and tests share, not a test input:
+    real fixes in mistune (614b019c07f6) and python-dotenv (c715d19fb88e) were voided for it. The
+    same name compared with `==` still counts."""
     out = []
     for m in _LITERAL.finditer(line):
         before, after = line[: m.start()].rstrip(), line[m.end() :].lstrip()
+        lookup = before.endswith(_LOOKUP_BEFORE) or after.startswith(_LOOKUP_AFTER)
+        if lookup and _NAME.fullmatch(m.group(2)) and not before.endswith(("==", "!=")):
+            continue
         if before.endswith(_BEFORE) or after.startswith(_AFTER):
             out.append(m.group(2))
     return out
