@@ -30,10 +30,24 @@ from etude.errors import EtudeError
 T = TypeVar("T")
 
 
+SHIPPED = Path(__file__).resolve().parent / "configs"
+
+
+def shipped(path: str | Path) -> Path:
+    """`path` as given when it exists; else, for `configs/NAME` (the configs etude ships, package
+    data under etude/configs; the checkout's `configs` links there), the installed package's copy,
+    so a command run outside the checkout finds them. Anything else is returned unchanged."""
+    p = Path(path)
+    if p.exists() or p.is_absolute() or not p.parts or p.parts[0] != "configs":
+        return p
+    candidate = SHIPPED.joinpath(*p.parts[1:])
+    return candidate if candidate.exists() else p
+
+
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     """The parsed file, or an EtudeError "cannot read <what> <path>: <reason>" (missing file,
-    permission, invalid TOML) — never a traceback."""
-    p = Path(path)
+    permission, invalid TOML) — never a traceback. `configs/...` falls back to the shipped copy."""
+    p = shipped(path)
     try:
         return tomllib.loads(p.read_text())
     except OSError as e:
@@ -99,7 +113,7 @@ def load_with(make: Callable[[dict[str, Any]], T], path: str | Path, what: str, 
     the TOML file at `path` with `overrides` applied (its `[table]` if given and present); an
     EtudeError from `make` is prefixed with the file. must_exist: a missing file is "no config
     file at PATH" rather than read_toml's "cannot read"."""
-    if must_exist and not Path(path).is_file():
+    if must_exist and not shipped(path).is_file():
         raise EtudeError(f"no config file at {Path(path)}")
     data = apply_overrides(read_toml(path, what), overrides)
     if table and isinstance(data.get(table), dict):

@@ -176,7 +176,8 @@ STEPS = [
     Step("etude eval --suite builtin:curriculum:validation", _eval_run("runs/agent_sft_eval", lambda r: r >= 0.0),
          slow=True, hours=True, needs=("etude sft",), timeout=6 * HOUR),
     Step("etude train --config configs/agent_rl.toml", _ok(), slow=True, hours=True, needs=("etude sft",), timeout=12 * HOUR),
-    Step("etude specialise --org acme", _wrote("runs/acme/report.json"), slow=True, hours=True, needs=("etude sft",), timeout=12 * HOUR),
+    Step("etude specialise --org acme --repos click", _wrote("runs/acme/report.json"), slow=True, hours=True, needs=("etude sft",), timeout=12 * HOUR),
+    Step("etude specialise --org acme --until", _wrote("runs/acme_time/report.json"), slow=True, timeout=HOUR),
     Step("etude serve --model tiny --port 8000", _served, slow=True),
     Step("export ETUDE_API_KEY=$(etude keys create --org acme)", _key),
     # the tiny model never answers: the episode runs to its wall-clock limit (HarnessConfig.time_limit_s, 600 s)

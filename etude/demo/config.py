@@ -42,6 +42,19 @@ class DemoConfig:
     """the specialisation's evaluations: attempts per edit turn checked against the request's
     failing test (SpecialiseConfig.verify_edits; 0: one greedy attempt). 8, as `etude
     specialise` defaults to: chosen on the select slice (bench/results/specialise_select.json)."""
+    org_history: str = "tinydb==4.8.2..4.9.0"
+    """the organisation's code with a past and a future, for the specialisation by time (stage 5):
+    a PyPI release pair NAME==OLD..NEW, a local git repository or a builtin:history name."""
+    org_until: str = "4.8.2"
+    """its cut-off: a revision (for a release pair, its older release) or YYYY-MM-DD."""
+    time_minutes: float = 4.0
+    """the specialisation by time's training budget (LoRA on the cut-off's text), wall minutes."""
+    time_items: int = 200
+    """held-out lines (written after the cut-off) it is measured on."""
+    full: bool = False
+    """also the agent-level specialisation on held-out functions (stage 5b, `etude specialise`
+    without --until: 70.8 minutes of the 106.5-minute demo of 2026-12-06); its adapter is then the
+    org's candidate that the cycle canaries."""
     loop_config: str = "configs/loop_demo.toml"
     """the real-time cycle's config; model and root are set by the demo."""
     backend: str = "auto"
@@ -56,6 +69,7 @@ class DemoConfig:
 
 
 QUICK = DemoConfig(model="tiny", eval_tasks=2, sft_tasks=2, sft_epochs=1.0, org_repos="example", spec_minutes=1.5,
+                   time_minutes=0.1, time_items=30,
                    spec_tasks_per_repo=16, spec_drills_per_repo=6, spec_min_heldout=2, spec_general_tasks=2,
                    loop_config="configs/loop_tiny.toml", backend="hf", workers=2)
 

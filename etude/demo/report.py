@@ -37,7 +37,12 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 {% if plots.sft %}<img src="{{ plots.sft }}" alt="SFT loss">{% endif %}
 {% if plots.learning %}<img src="{{ plots.learning }}" alt="RL curve">{% endif %}
 
-<h2>2. Specialised to one organisation: its held-out functions, before and after</h2>
+<h2>2. Specialised to one organisation's code: trained up to a cut-off, measured on what it wrote after</h2>
+{% if time_table %}<p class="note">{{ time_note }}</p>{{ time_table }}
+{% if plots.time %}<img src="{{ plots.time }}" alt="loss change on post-cut-off lines against the training budget">{% endif %}
+{% else %}<p>not run</p>{% endif %}
+
+<h2>2b. Specialised to one organisation: its held-out functions, before and after (<code>--full</code>)</h2>
 {% if spec %}<p class="note">{{ spec_note }}</p>
 {% if plots.spec %}<img src="{{ plots.spec }}" alt="specialised: held-out and general rates">{% endif %}
 <h3>held-out functions of {{ spec_org }}'s repositories</h3>{{ spec_held }}
@@ -66,6 +71,65 @@ img{max-width:100%;border:1px solid #eee}.note{color:#555;font-size:.92em}
 {% for t in trajectories %}<h3>{{ t.title }}</h3><pre>{{ t.body }}</pre>{% endfor %}
 </body></html>
 """
+
+
+TIME_MEASURES = (("loss", "loss (nats/token, lower is better)"), ("token_acc", "token accuracy"),
+                 ("line_em", "whole line exact"), ("rest_em", "rest of line given its first half"),
+                 ("ident_em", "next identifier"), ("adherence", "the repository's own names (adherence)"))
+
+
+def time_rows(st: dict[str, Any]) -> list[list[Any]]:
+    """The specialisation by time's comparisons (report.json figures), one row per measure."""
+    f = st["figures"]
+    rows = []
+    for name, r in st["split"].items():
+        if r["role"] != "own":
+            continue
+        for key, label in TIME_MEASURES:
+            x = f.get(f"{name}.{key}")
+            if x is None:
+                continue
+            if x["kind"] == "paired_mean":
+                rows.append([f"{name}: {label}", _f(x["mean_a"]), _f(x["mean_b"]),
+                             f"{x['mean_diff']:+.4f} [{_f(x['ci_low'])}, {_f(x['ci_high'])}]", x["n"],
+                             _f(x.get("p_holm", x["p"]))])
+            else:
+                rows.append([f"{name}: {label}", f"{x['a_k']}/{x['n']}", f"{x['b_k']}/{x['n']}",
+                             f"{x['gain']:+.1%} ({x['b_only']} gained, {x['a_only']} lost)", x["n"],
+                             _f(x.get("p_holm", x["p"]))])
+    for k, x in f.items():
+        if ".regress." in k:
+            rows.append([f"no regression: {k.split('.regress.', 1)[1]}", _f(-x["mean_a"] if "loss" in k else x["mean_a"]),
+                         _f(-x["mean_b"] if "loss" in k else x["mean_b"]),
+                         f"non-inferior: {x['noninferior']} (margin {x['margin']:g})", x["n"], _f(x["p"])])
+    return rows
+
+
+def time_plot(st: dict[str, Any], path: Path) -> Path | None:
+    f = st["figures"]
+    fig, ax = pyplot().subplots(figsize=(6, 3.4))
+    drawn = False
+    for name, r in st["split"].items():
+        if r["role"] != "own":
+            continue
+        pts = [(0, 0.0, 0.0, 0.0)]
+        for c in st["train"]["checkpoints"]:
+            x = f.get(f"{name}.loss" if c["fraction"] == 1.0 else f"{name}@{c['fraction']:g}.loss")
+            if x and x["ci_low"] is not None:
+                pts.append((c["steps"], x["mean_diff"], x["ci_low"], x["ci_high"]))
+        if len(pts) > 1:
+            xs, ys, lo, hi = zip(*pts, strict=True)
+            ax.plot(xs, ys, "o-", label=name)
+            ax.fill_between(xs, lo, hi, alpha=0.2)
+            drawn = True
+    if not drawn:
+        return None
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xlabel("training steps on the cut-off's text")
+    ax.set_ylabel("loss change after the cut-off\n(nats/token, adapter - base)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)
 
 
 def learning_plot(metrics: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path) -> Path | None:
@@ -233,7 +297,12 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
     if spec:
 
         spec_plot = rates_plot(spec, plots / "specialise.png")
+    st = data.get("specialise_time")
+    tp = time_plot(st, plots / "specialise_time.png") if st else None
     page = jinja2.Environment(autoescape=True).from_string(TEMPLATE).render(
+        time_table=_markup(table(["measure", "base", "adapter", "difference [95% CI]", "lines", "p (Holm)"],
+                                 time_rows(st))) if st else "",
+        time_note=data.get("specialise_time_note", ""),
         spec=spec, spec_org=(spec or {}).get("org"), spec_note=data.get("specialise_note", ""),
         spec_held=_markup(comparison_table(spec["heldout"], ("base", "adapter"))) if spec else "",
         spec_gen=_markup(comparison_table(spec["general"], ("base", "adapter"))) if spec else "",
@@ -242,7 +311,7 @@ def write_report(out: Path, data: dict[str, Any]) -> Path:
         stages=[{"name": n, "result": r, "seconds": s} for n, r, s in data.get("stages", [])],
         plots={"learning": lp and "plots/learning.png", "cycle": cp and "plots/cycle.png",
                "heldout": hp and "plots/heldout.png", "sft": sp and "plots/sft.png",
-               "spec": spec_plot and "plots/specialise.png"},
+               "spec": spec_plot and "plots/specialise.png", "time": tp and "plots/specialise_time.png"},
         heldout_table=_markup(heldouttable(data.get("heldout"))),
         side=data.get("side_by_side"),
         learning_note=data.get("learning_note", ""),

@@ -72,6 +72,7 @@ META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (et
     "comparison": "dict|null",
     "memory": "dict|null",
     "specialise": "dict|null",
+    "specialise_time": "dict|null",
     "first_run": "bool",
 }
 
@@ -88,6 +89,7 @@ class Demo:
         self.con = console or Console()
         self.data: dict[str, Any] = {}
         self.t0 = time.time()
+        self.first_run = empty_cache()  # nothing fetched, built or converted yet (issue 48's first run)
         # A rerun with the same --out resumes: finished stages are read back, not redone.
         self.runner = Stages(self.out, cfg, self.con, state_file="demo_state.json")
 
@@ -138,6 +140,24 @@ class Demo:
                      f"{h['adapter']['resolved']}/{h['tasks']} (McNemar p = {h['mcnemar_p']:.3g}); general "
                      f"{g['base']['resolved']}/{g['tasks']} -> {g['adapter']['resolved']}/{g['tasks']}, "
                      f"no_regression {g['no_regression']}")
+
+    def specialise_time(self, base: str) -> tuple[Any, str]:
+        """The organisation's specialisation by time (etude.pipeline.specialise_time, as `etude
+        specialise --until`): a LoRA on its code at the cut-off, measured on the lines it wrote after."""
+        from etude.pipeline.specialise_time import TimeSpecialiseConfig, run_time_specialise
+
+        c = self.cfg
+        tcfg = TimeSpecialiseConfig(org=c.org, repos=(c.org_history,), until=(c.org_until,),
+                                    out=str(self.out / "specialise_time"), base=base, minutes=c.time_minutes,
+                                    items=c.time_items, seed=c.seed)
+        rep = run_time_specialise(tcfg, self.con)
+        (name,) = [n for n, r in rep["split"].items() if r["role"] == "own"]
+        f = rep["figures"]
+        lo, em, ident = f[f"{name}.loss"], f[f"{name}.rest_em"], f[f"{name}.ident_em"]
+        return rep, (f"{name} after its cut-off ({rep['split'][name]['n']} lines): loss {lo['mean_a']:.3f} -> "
+                     f"{lo['mean_b']:.3f} nats/token [{lo['ci_low']:+.3f}, {lo['ci_high']:+.3f}]; rest of line "
+                     f"{em['a_k']} -> {em['b_k']}, next identifier {ident['a_k']} -> {ident['b_k']} of "
+                     f"{ident['n']} (Holm p {em['p_holm']:.2g}, {ident['p_holm']:.2g})")
 
     def compare(self) -> tuple[Any, str]:
         runs = {n: self.out / f"eval-{n}" for n in ("base", "sft", "rl") if (self.out / f"eval-{n}" / "results.jsonl").is_file()}
@@ -214,6 +234,13 @@ class Demo:
                                 "(expert episodes, fix drills, then GRPO on the edit turn) and chosen on a select "
                                 "slice of them; measured once on the held-out functions, paired with the warm start."),
             "specialise_side": spec_side,
+            "specialise_time": self.data.get("specialise_time"),
+            "specialise_time_note": (f"A LoRA adapter on the warm start, trained only on {self.cfg.org}'s code as it stood "
+                                     f"at the cut-off ({self.cfg.org_history}, cut at {self.cfg.org_until}); measured "
+                                     "once, paired with the warm start, on lines added after the cut-off: each line "
+                                     "predicted from the file before it (teacher-forced); intervals are bootstraps "
+                                     "over the commits (files, for a release pair), p values Wilcoxon or exact "
+                                     "McNemar, Holm-corrected within each family."),
             "comparison": (self.data.get("comparison") or {}).get("gate"),
             "eval_note": "The eval gate, paired over the same held-out tasks (warm start vs base).",
             "cycle": {n: s.get("wall_s") or 0.0 for n, s in stages.items()},
@@ -224,10 +251,15 @@ class Demo:
             "side_by_side": self._side_by_side(),
         }
         path = write_report(self.out, d)
+        st = self.data.get("specialise_time")
         doc = {"checkpoints": checkpoints, "backend": self.backend, "heldout": held, "specialise": spec or None,
+               "specialise_time": ({k: st[k] for k in ("org", "base", "split", "targets", "stages")}
+                                   | {"train": {k: v for k, v in st["train"].items() if k != "checkpoints"}
+                                      | {"fractions": [c["fraction"] for c in st["train"]["checkpoints"]]}}
+                                   if st else None),
                "stages": self.stages, "stage_times": self.runner.times(), "cycle": rep,
                "comparison": (self.data.get("comparison") or {}).get("gate"),
-               "memory": self.data.get("memory"),
+               "memory": self.data.get("memory"), "first_run": self.first_run,
                "provenance": provenance(seeds={"demo": self.cfg.seed}, started=self.t0, stages=self.runner.times())}
         (self.out / "demo.json").write_text(json.dumps(doc, indent=1, default=str))
         if self.cfg.record:
@@ -250,6 +282,15 @@ class Demo:
         return {"step": r["step"], "success": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
 
 
+def empty_cache() -> bool:
+    """True when ETUDE_CACHE holds no sdist, model, task or environment yet (a first run)."""
+    from etude.paths import cache
+
+    root = cache()
+    return not any((root / d).exists() and any((root / d).iterdir())
+                   for d in ("sdists", "models", "curriculum", "envs", "repos", "archives"))
+
+
 def record_demo(doc: dict[str, Any], out: Path) -> Path:
     """bench/results/demo.json (+ demo.records.jsonl): the demo's figures, recomputable from its
     per-task records by bench/verify.py, with stage times, memory and provenance (what docs/demo.md
@@ -265,12 +306,25 @@ def record_demo(doc: dict[str, Any], out: Path) -> Path:
             arms[f"spec-{n}"] = out / "specialise" / f"eval-{n}"
         figures |= paired_figures("org_heldout", "spec-heldout-base", "spec-heldout-adapter")
         figures |= paired_figures("org_general", "spec-general-base", "spec-general-adapter")
+    records = eval_records(arms)
+    st = doc.get("specialise_time") or {}
+    if st:  # the org's specialisation by time: its per-line records, arms prefixed apart from the evals'
+        from etude.pipeline.specialise_time import TimeSpecialiseConfig, figure_specs
+
+        for line in (out / "specialise_time" / "records.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            records.append(r | {"arm": "org-" + r["arm"]})
+        own = [n for n, r in st["split"].items() if r["role"] == "own"]
+        regress = [n for n, r in st["split"].items() if r["role"] == "regress"]
+        specs = figure_specs(st["org"], own, regress, st["train"]["fractions"], prefix="org-",
+                             loss_margin=TimeSpecialiseConfig.loss_margin, acc_margin=TimeSpecialiseConfig.acc_margin)
+        figures |= {f"org_time.{k}": v for k, v in specs.items()}
     slim = {k: v for k, v in doc.items() if k not in ("specialise", "provenance")}
     if spec:
         slim["specialise"] = {k: ({kk: vv for kk, vv in v.items() if kk != "per_task"} if isinstance(v, dict) else v)
                               for k, v in spec.items() if k != "provenance"}
     path = Path(__file__).resolve().parents[2] / "bench" / "results" / "demo.json"
-    write_result(path, figures, eval_records(arms), doc["provenance"], meta=slim)
+    write_result(path, figures, records, doc["provenance"], meta=slim)
     return path
 
 
@@ -284,11 +338,16 @@ def run_demo(cfg: DemoConfig, console: Console | None = None) -> Path:
         sft = run_warm_start(demo.runner, demo.out, cfg.model, demo.sft, demo.eval_setup())
         demo.data["comparison"] = demo.stage("   held-out comparison", demo.compare)
         demo.data["heldout"] = (demo.data["comparison"] or {}).get("heldout")
-        demo.data["specialise"] = demo.stage(f"5. specialise to {cfg.org}", lambda: demo.specialise(sft["final"]))
+        demo.data["specialise_time"] = demo.stage(f"5. specialise to {cfg.org}'s code by time",
+                                                  lambda: demo.specialise_time(sft["final"]))
+        if cfg.full:
+            demo.data["specialise"] = demo.stage(f"5b. specialise to {cfg.org} (held-out functions)",
+                                                 lambda: demo.specialise(sft["final"]))
         demo.data["cycle_report"] = demo.stage("6. real-time cycle", lambda: demo.cycle(sft["final"]))
     demo.data["memory"] = mem.to_dict()
     checkpoints = {"base": cfg.model, "sft": sft["final"],
-                   "specialised_adapter": (demo.data["specialise"].get("adapter") or {}).get("path")}
+                   "org_adapter_by_time": (demo.data.get("specialise_time") or {}).get("adapter"),
+                   "specialised_adapter": ((demo.data.get("specialise") or {}).get("adapter") or {}).get("path")}
     path = demo.stage("7. report", lambda: demo.report(checkpoints), resumable=False)
     demo.con.rule()
     demo.con.print(f"done in {time.monotonic() - t0:.0f} s (peak memory of all its processes "

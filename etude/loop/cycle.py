@@ -343,6 +343,13 @@ class _Cycle:
         cc = CompareConfig(rule=self.cfg.eval.rule, min_tasks=self.cfg.eval.min_tasks,
                            **({"margins": dict(self.cfg.eval.margins)} if self.cfg.eval.margins is not None else {}))
         verdict = compare(prod_dir, cand_dir, cc, use="gate")
+        code = self._code_gate(trained, cand_name)
+        if code is not None:  # an adapter trained by time: its gate lines beside the held-out tasks
+            verdict["code"] = code
+            if not code["passed"]:
+                verdict["gate_passed"] = False
+                verdict["gate"] = "failed"
+                verdict["regressions"] = [*verdict.get("regressions", []), f"code gate: {code['why']}"]
         _write_json(self.dir / "eval-compare.json", verdict)
         short = {"gate": verdict["gate"], "gate_passed": verdict["gate_passed"], "regressions": verdict["regressions"],
                  "inconclusive": verdict["inconclusive"], "improvements": verdict["improvements"],
@@ -353,9 +360,22 @@ class _Cycle:
                              for m in ("resolved", "adherence", "reward", "broken_calls")},
                  "production_resolved": a["correctness"]["resolved_rate"]["mean"],
                  "candidate_resolved": b["correctness"]["resolved_rate"]["mean"], "production_dir": str(prod_dir),
-                 "suite": suite,
+                 "suite": suite, "code": verdict.get("code"),
                  "candidate_dir": str(cand_dir)}
         self.state.finish("eval", verdict=short)
+
+    def _code_gate(self, trained: dict[str, Any], cand_name: str) -> dict[str, Any] | None:
+        """For a candidate of `etude specialise --until`: production and candidate on the run's gate
+        lines (etude.pipeline.specialise_time.code_gate); None for any other candidate."""
+        if not trained.get("specialised"):
+            return None
+        cp = registry.get_checkpoint(self.store, trained["specialised"])
+        if cp.meta.get("kind") != "specialised-by-time":
+            return None
+        from etude.pipeline.specialise_time import code_gate
+
+        return code_gate(cp.meta["report"], self._model_dir(self.prod["path"], self.prod["name"]),
+                         self._model_dir(trained["checkpoint"], cand_name))
 
     def _eval_config(self) -> Any:
         return gate_eval_config(self.cfg, progress=self.show)
@@ -544,7 +564,7 @@ def org_tasks(cfg: LoopConfig) -> tuple[list[Any], list[Any]]:
     the run's held-out functions stay sealed for the final figure (etude.tasks.seal). Else tasks of
     its repositories (`[orgs.ORG] repos`, else all) from the traffic spec, split in order and disjoint."""
     cp = specialised_candidate(open_store(cfg.db_url()), cfg.org) if cfg.specialise else None
-    if cp is not None:
+    if cp is not None and cp.meta.get("kind") == "specialised":
         tasks = Path(cp.meta["report"]).parent / "tasks"
         users = seal.guard(load_tasks(tasks / "train.jsonl"), use="train", where=f"{cp.name}'s train tasks")
         gate = seal.guard(load_tasks(tasks / "select.jsonl"), use="gate", where=f"{cp.name}'s select tasks")

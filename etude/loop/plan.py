@@ -94,11 +94,15 @@ def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="")
 
 
+SPECIALISED_KINDS = ("specialised", "specialised-by-time")
+
+
 def specialised_candidate(store: Any, org: str) -> Any:
     """The org's newest candidate registered by `etude specialise --register` that no cycle has
-    decided on yet (state "candidate", meta kind "specialised"), or None."""
+    decided on yet (state "candidate", meta kind "specialised", or "specialised-by-time" from
+    `etude specialise --until`), or None."""
     cands = [c for c in registry.list_checkpoints(store, org, include_retired=False)
-             if c.org_id == org and c.state == "candidate" and c.meta.get("kind") == "specialised"]
+             if c.org_id == org and c.state == "candidate" and c.meta.get("kind") in SPECIALISED_KINDS]
     return max(cands, key=lambda c: c.created_at) if cands else None
 
 

@@ -28,6 +28,7 @@ yet: `repo_em` is its line-level counterpart.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -66,6 +67,10 @@ class TimeSpecialiseConfig:
     regress_until: tuple[str, ...] = ()
     items: int = 320
     """held-out lines per repository (round-robin over its commits after the cut-off)."""
+    gate_items: int = 120
+    """further lines of the same commits (the round-robin continued, none of `items`) in
+    DIR/<repo>/gate.jsonl: what `etude loop --org` gates this adapter on, so the held-out lines
+    stay read once, for the report."""
     ctx_tokens: int = 256
     block: int = 512
     batch: int = 4
@@ -122,15 +127,16 @@ def records_of(repo: str, role: str, arm: str, items: Sequence[Any], rows: Seque
 
 
 def figure_specs(run: str, own: Sequence[str], regress: Sequence[str], fractions: Sequence[float], *,
-                 loss_margin: float, acc_margin: float) -> dict[str, dict[str, Any]]:
+                 loss_margin: float, acc_margin: float, prefix: str = "") -> dict[str, dict[str, Any]]:
     """The report's comparisons (each adapter arm against the base, paired by line). Families:
     `loss`, `completion` (token accuracy and the three exact matches) and `adherence` across the
     repositories (Holm within each); the budget curve's earlier checkpoints in `curve`; no
-    regression as one-sided non-inferiority tests (no family: each must hold)."""
+    regression as one-sided non-inferiority tests (no family: each must hold). `prefix` goes before
+    every arm name (records kept beside other records whose arms are "base", as the demo's are)."""
     figs: dict[str, dict[str, Any]] = {}
     for repo in own:
         def sel(arm: str, repo: str = repo, **extra: Any) -> dict[str, Any]:
-            return {"run": run, "repo": repo, "arm": arm, **extra}
+            return {"run": run, "repo": repo, "arm": prefix + arm, **extra}
 
         for f in sorted(fractions):
             arm = arm_of(f)
@@ -154,8 +160,8 @@ def figure_specs(run: str, own: Sequence[str], regress: Sequence[str], fractions
             figs[pre + "rest_em_unseen"] = {"kind": "paired", "a": sel("base", seen=0), "b": sel(arm, seen=0),
                                             "key": "item", "field": "rest_em"}
     for repo in regress:
-        a = {"run": run, "repo": repo, "arm": "base"}
-        b = {"run": run, "repo": repo, "arm": "adapter"}
+        a = {"run": run, "repo": repo, "arm": prefix + "base"}
+        b = {"run": run, "repo": repo, "arm": prefix + "adapter"}
         figs[f"{run}.regress.{repo}.loss"] = {"kind": "noninferiority", "a": a, "b": b, "key": "item", "field": "neg_nll",
                                         "margin": loss_margin}
         figs[f"{run}.regress.{repo}.token_acc"] = {"kind": "noninferiority", "a": a, "b": b, "key": "item",
@@ -219,7 +225,9 @@ class TimeSpecialise:
     def split(self) -> tuple[dict[str, Any], str]:
         res: dict[str, Any] = {}
         for spec, until, role in self.cfg.cutoffs():
-            s = build_split(spec, until, n_items=self.cfg.items, seed=self.cfg.seed)
+            s = build_split(spec, until, n_items=self.cfg.items + self.cfg.gate_items, seed=self.cfg.seed)
+            gate = s.items[self.cfg.items:]  # the same round-robin goes on: other lines of the same commits
+            s = dataclasses.replace(s, items=s.items[:self.cfg.items])
             name = s.cutoff.repo.name
             if name in res:
                 raise EtudeError(f"{spec}: repository {name} is named twice")
@@ -229,6 +237,7 @@ class TimeSpecialise:
             d.mkdir(parents=True, exist_ok=True)
             (d / "split.json").write_text(json.dumps(rec, indent=1) + "\n")
             (d / "items.jsonl").write_text(items_to_jsonl(s.items))
+            (d / "gate.jsonl").write_text(items_to_jsonl(gate))
             (d / "names.json").write_text(json.dumps(sorted(defined_names(s.documents))))
             res[name] = {"role": role, "path": s.cutoff.repo.path, "cutoff": s.cutoff.sha, "cutoff_date": s.cutoff.date,
                          "heldout_commits": len(s.cutoff.commits), "documents": len(s.documents), **rec["items"]}
@@ -336,7 +345,59 @@ class TimeSpecialise:
         return {"name": cp.name, "state": cp.state, "version": cp.version}, f"registered {cp.name} as {self.cfg.org}'s candidate"
 
 
-SPLIT_USES = ("repos", "until", "regress", "regress_until", "items", "seed")
+def code_gate(report: str | Path, production: str, candidate: str, *, ctx_tokens: int = 256,
+              loss_margin: float = 0.0, acc_margin: float = 0.01) -> dict[str, Any]:
+    """The loop's gate for an adapter of this run (`etude loop --org`, beside its held-out tasks):
+    production and candidate (model directories: an adapter merged on its base) scored on each
+    repository's gate lines (DIR/<repo>/gate.jsonl, never the report's held-out lines). It passes
+    when on every repository the candidate's loss is lower (the clustered bootstrap interval of
+    the paired difference below -loss_margin) and its token accuracy non-inferior (margin
+    acc_margin, one-sided paired t). Returns {"passed", "repos": {name: {loss, token_acc}}, "why"}."""
+    from etude.evals.results import compute_figures
+    from etude.pipeline.codelm import load_scorer, score_items
+
+    run = Path(report).parent
+    rep = json.loads(Path(report).read_text())
+    own = [n for n, r in rep["split"].items() if r["role"] == "own"]
+    missing = [n for n in own if not (run / n / "gate.jsonl").is_file()]
+    if missing:
+        raise EtudeError(f"{run}: no gate lines for {', '.join(missing)} (a run from before gate.jsonl; rerun "
+                         "etude specialise --until)")
+    records: list[dict[str, Any]] = []
+    for arm, model_dir in (("production", production), ("candidate", candidate)):
+        model, tok = load_scorer(model_dir)
+        for n in own:
+            items = items_from_jsonl((run / n / "gate.jsonl").read_text())
+            names = frozenset(json.loads((run / n / "names.json").read_text()))
+            rows = score_items(model, tok, items, names=names, ctx_tokens=ctx_tokens)
+            records += records_of(n, "gate", arm, items, rows, "gate")
+        del model
+    specs: dict[str, dict[str, Any]] = {}
+    for n in own:
+        a, b = {"repo": n, "arm": "production"}, {"repo": n, "arm": "candidate"}
+        specs[f"{n}.loss"] = {"kind": "paired_mean", "a": a, "b": b, "key": "item", "field": "nll", "cluster": "commit"}
+        specs[f"{n}.token_acc"] = {"kind": "noninferiority", "a": a, "b": b, "key": "item", "field": "token_acc",
+                                   "margin": acc_margin}
+    figs = compute_figures(specs, records)
+    out: dict[str, Any] = {"repos": {}, "lines": len(records) // 2}
+    why = []
+    for n in own:
+        lo, acc = figs[f"{n}.loss"], figs[f"{n}.token_acc"]
+        lower = lo["ci_high"] is not None and lo["ci_high"] < -loss_margin
+        out["repos"][n] = {"loss": {k: lo[k] for k in ("n", "mean_a", "mean_b", "mean_diff", "ci_low", "ci_high", "p")},
+                           "token_acc": {k: acc[k] for k in ("mean_a", "mean_b", "mean_diff", "lower_bound", "p",
+                                                             "noninferior")},
+                           "passed": bool(lower and acc["noninferior"])}
+        if not lower:
+            why.append(f"{n}: loss {lo['mean_diff']:+.3f} nats/token, interval up to {lo['ci_high']:+.3f} (not lower)")
+        if not acc["noninferior"]:
+            why.append(f"{n}: token accuracy {acc['mean_diff']:+.3f}, not within -{acc_margin:g}")
+    out["passed"] = not why
+    out["why"] = "; ".join(why) or "loss lower and token accuracy non-inferior on every repository's gate lines"
+    return out
+
+
+SPLIT_USES = ("repos", "until", "regress", "regress_until", "items", "gate_items", "seed")
 TRAIN_USES = SPLIT_USES + ("base", "minutes", "checkpoints", "block", "batch", "lr", "epochs", "lora_r", "lora_alpha")
 
 

@@ -78,7 +78,25 @@ class RepoRef:
 
 
 def resolve_repo(spec: str) -> RepoRef:
-    """A local git repository, or a `builtin:history` repository by name (see the module doc)."""
+    """A local git repository, a `builtin:history` repository by name or a PyPI release pair (see
+    the module doc); a sealed test-split package's code is refused whichever way it comes (every
+    use here trains or measures repeatedly: etude.tasks.seal)."""
+    from etude.tasks import seal
+    from etude.tasks.fetch import normalise
+
+    early = spec.split("==", 1)[0] if "==" in spec else None  # a package is refused before it is fetched
+    if early is not None and normalise(early) in seal.sealed_packages():
+        raise EtudeError(f"{spec}: a package of the sealed test split cannot be specialised on or measured "
+                         "repeatedly (etude.tasks.seal)")
+    ref = _resolve_repo(spec)
+    if normalise(ref.name) in seal.sealed_packages():
+        raise EtudeError(f"{spec}: a package of the sealed test split cannot be specialised on or measured "
+                         "repeatedly (etude.tasks.seal)")
+    seal.guard_repo(ref.path, use="train", where=spec)
+    return ref
+
+
+def _resolve_repo(spec: str) -> RepoRef:
     from etude.tasks.history_suite import PREFIX, ensure_clone, load_manifest
 
     name = spec.removeprefix(f"{PREFIX}:")
@@ -88,8 +106,11 @@ def resolve_repo(spec: str) -> RepoRef:
         clone = ensure_clone(r, lambda _m: None)
         return RepoRef(name=r.name, path=str(clone), end=r.until)
     if "==" in spec:
-        raise EtudeError(f"{spec}: a PyPI release has no history to split by time here; give a local git "
-                         f"repository or one of {PREFIX}'s ({', '.join(sorted(manifest))})")
+        if RELEASE_PAIR_RE.match(spec):
+            return release_pair_repo(spec)
+        raise EtudeError(f"{spec}: one PyPI release has no later code to measure on; give a release pair "
+                         f"NAME==OLD..NEW (the older release is the cut-off), a local git repository or one of "
+                         f"{PREFIX}'s ({', '.join(sorted(manifest))})")
     p = Path(spec).expanduser()
     if not p.is_dir():
         raise EtudeError(f"{spec}: not a directory, nor a {PREFIX} repository ({', '.join(sorted(manifest))})")
@@ -98,6 +119,70 @@ def resolve_repo(spec: str) -> RepoRef:
     if not head:
         raise EtudeError(f"{spec}: a git repository without commits")
     return RepoRef(name=top.name, path=str(top), end=head)
+
+
+RELEASE_PAIR_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^.\s][^\s]*?)\.\.([^\s]+)$")
+
+
+def release_pair_repo(spec: str) -> RepoRef:
+    """`NAME==OLD..NEW`: both sdists from PyPI (fetched by name and version, checked against the
+    index's hashes) as a git repository under the cache: one commit holding OLD's tree (tagged OLD,
+    the cut-off `--until OLD` names), then one commit per file that NEW adds or changes (tagged
+    NEW), so the lines added between the releases are clustered by file as history is by commit.
+    Built once per pair; the commits are dated at the releases' upload times."""
+    from etude.paths import cache
+    from etude.tasks.fetch import fetch_sdist, locked, normalise
+
+    m = RELEASE_PAIR_RE.match(spec)
+    assert m is not None
+    name, old_v, new_v = m.groups()
+    if old_v == new_v:
+        raise EtudeError(f"{spec}: the two releases are the same")
+    dest = cache() / "release_pairs" / f"{normalise(name)}-{old_v}..{new_v}"
+    with locked(dest.with_name(dest.name + ".lock")):
+        if not (dest / ".git").is_dir() or not _ok(dest, "rev-parse", "--verify", "--quiet", f"refs/tags/{new_v}"):
+            old, new = fetch_sdist(name, old_v), fetch_sdist(name, new_v)
+            _build_pair(dest, old, new)
+    end = _git(dest, "rev-parse", f"refs/tags/{new_v}^{{commit}}").strip()
+    return RepoRef(name=normalise(name), path=str(dest), end=end)
+
+
+def _build_pair(dest: Path, old: Any, new: Any) -> None:
+    import os
+    import shutil
+    import tempfile
+
+    from etude.tasks.layout import iter_files
+
+    part = Path(tempfile.mkdtemp(prefix="pair-", dir=dest.parent if dest.parent.exists() else None))
+    try:
+        def commit(message: str, when: str) -> None:
+            env = dict(git_env(), GIT_AUTHOR_NAME="etude", GIT_AUTHOR_EMAIL="etude@localhost",
+                       GIT_COMMITTER_NAME="etude", GIT_COMMITTER_EMAIL="etude@localhost",
+                       GIT_AUTHOR_DATE=when, GIT_COMMITTER_DATE=when)
+            for args in (["add", "-A"], ["commit", "-q", "--allow-empty", "-m", message]):
+                subprocess.run(["git", "-C", str(part), *args], env=env, check=True, capture_output=True)
+
+        subprocess.run(["git", "init", "-q", "-b", "main", str(part)], env=git_env(), check=True, capture_output=True)
+        for rel in iter_files(old.root):
+            (part / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(old.root / rel, part / rel)
+        commit(f"{old.package} {old.version} (sdist {old.sha256[:12]})", old.upload_time)
+        _git(part, "tag", old.version)
+        for rel in iter_files(new.root):
+            a, b = old.root / rel, new.root / rel
+            if a.is_file() and a.read_bytes() == b.read_bytes():
+                continue
+            (part / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(b, part / rel)
+            commit(f"{new.package} {new.version}: {rel}", new.upload_time)
+        _git(part, "tag", new.version)
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, dest)
+    finally:
+        shutil.rmtree(part, ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,11 @@ def exec_cmd(
     unsandboxed: Annotated[
         bool, typer.Option(help="Run on the host WITHOUT any isolation (machines without bwrap).")
     ] = False,
+    disk_mb: Annotated[int, typer.Option(
+        "--disk-mb",
+        help="Cap on what the command may write, as episodes have: it runs in a copy of the workspace on an "
+             "ext4 image of this many MiB (writes past it fail with 'No space left'), and what it leaves is "
+             "copied back to the workspace when it ends. 0: the workspace itself, mounted uncapped.")] = 1024,
 ) -> None:
     """Run CMD isolated with the workspace at /workspace; exit with CMD's status (124 on timeout)."""
     binds, prepend = list(ro_bind or ()), list(path_prepend or ())
@@ -49,6 +54,8 @@ def exec_cmd(
         binds.append(str(venv.absolute()))
         prepend.insert(0, str(venv.absolute() / "bin"))
     _validate(timeout, memory_mb)
+    if disk_mb < 0:
+        raise EtudeError(f"--disk-mb must be >= 0, got {disk_mb}")
     _ensure_workspace(workspace)
     cfg = SandboxConfig(
         backend="unsandboxed" if unsandboxed else "bwrap",
@@ -59,8 +66,53 @@ def exec_cmd(
         path_prepend=tuple(prepend),
     )
     sys.stdout.flush()
-    code = run_passthrough(cmd, workspace=workspace, config=cfg)
+    if not disk_mb or unsandboxed:
+        raise typer.Exit(run_passthrough(cmd, workspace=workspace, config=cfg))
+    from etude.sandbox.workspace import Workspace
+
+    with Workspace.create(workspace, kind="copy", disk_mb=disk_mb) as ws:
+        try:
+            code = run_passthrough(cmd, workspace=ws.path, config=cfg)
+        finally:
+            sync_back(ws.path, workspace)  # what the command left, whatever its status
     raise typer.Exit(code)
+
+
+def sync_back(src: Path, dst: Path) -> None:
+    """Make `dst` hold what `src` holds: files and links copied where they differ, new folders
+    made, what `src` no longer has removed. Paths are compared as they are (no link followed)."""
+    import filecmp
+    import os
+    import shutil
+
+    def entries(root: Path) -> dict[str, str]:
+        out = {}
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in dirnames + filenames:
+                p = Path(dirpath) / name
+                rel = p.relative_to(root).as_posix()
+                out[rel] = "link" if p.is_symlink() else "dir" if p.is_dir() else "file"
+            dirnames[:] = [d for d in dirnames if not (Path(dirpath) / d).is_symlink()]
+        return out
+
+    have, want = entries(dst), entries(src)
+    for rel in sorted((r for r in have if r not in want or have[r] != want[r]), key=len, reverse=True):
+        p = dst / rel
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+    for rel in sorted(want, key=len):
+        a, b = src / rel, dst / rel
+        if want[rel] == "dir":
+            b.mkdir(exist_ok=True)
+        elif want[rel] == "link":
+            if not (b.is_symlink() and os.readlink(b) == os.readlink(a)):
+                if b.is_symlink() or b.exists():
+                    b.unlink()
+                os.symlink(os.readlink(a), b)
+        elif not b.exists() or not filecmp.cmp(a, b, shallow=False):
+            shutil.copy2(a, b)
 
 
 def _validate(timeout: float, memory_mb: int) -> None:

@@ -115,7 +115,7 @@ def test_a_path_that_is_not_a_repository_is_refused(tmp_path):
         resolve_repo(str(tmp_path / "plain"))
     with pytest.raises(EtudeError, match="not a directory"):
         resolve_repo(str(tmp_path / "nowhere"))
-    with pytest.raises(EtudeError, match="PyPI release has no history"):
+    with pytest.raises(EtudeError, match="one PyPI release has no later code"):
         resolve_repo("click==8.1.7")
 
 
@@ -250,3 +250,19 @@ def test_specialise_until_end_to_end_on_a_tiny_model(repo, tmp_path, env):
     assert rep["registered"]["state"] == "candidate"
     again = _spec(*args, env=env)  # a rerun resumes every stage
     assert again.returncode == 0 and "from an earlier run" in again.stdout
+
+
+def test_a_release_pair_is_a_repository_cut_at_its_older_release():
+    """NAME==OLD..NEW: OLD's sdist is the cut-off (tag OLD), each file NEW changes one commit."""
+    s = build_split("tinydb==4.8.2..4.9.0", "4.8.2", n_items=50)
+    rec = s.to_dict()
+    check_no_leak(rec, s.cutoff.repo.path)
+    assert rec["repo"] == "tinydb" and len(rec["heldout_commits"]) >= 5 and rec["items"]["n"] == 50
+    assert rec["items"]["commits"] >= 5  # clustered by file
+    assert any(d.path.endswith("tinydb/table.py") for d in s.documents)
+    with pytest.raises(EtudeError, match="sealed test split"):
+        resolve_repo("parse==1.22.3..1.22.4")
+    with pytest.raises(EtudeError, match="one PyPI release has no later code"):
+        resolve_repo("tinydb==4.8.2")
+    with pytest.raises(EtudeError, match="no such revision"):
+        resolve_cutoff(resolve_repo("tinydb==4.8.2..4.9.0"), "4.0.0")

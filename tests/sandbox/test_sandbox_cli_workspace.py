@@ -30,3 +30,41 @@ def test_help_says_the_workspace_is_created() -> None:
     p = subprocess.run([*FAST[:-1], "--help"], capture_output=True, text=True, timeout=60, check=False,
                        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0 and "mkdir -p" in p.stdout, p.stdout + p.stderr
+
+
+def test_writes_are_capped_and_what_the_command_leaves_comes_back(tmp_path: Path) -> None:
+    """--disk-mb (default 1024): the command runs in a capped copy; writing past the cap fails with
+    ENOSPC; files it writes, changes and deletes reach the host folder when it ends."""
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "keep.txt").write_text("old\n")
+    (ws / "gone.txt").write_text("bye\n")
+    (ws / "sub" / "x.py").write_text("x = 1\n")
+    script = ("import pathlib, os; p = pathlib.Path('/workspace'); (p / 'keep.txt').write_text('new\\n'); "
+              "os.remove(p / 'gone.txt'); (p / 'made').mkdir(); (p / 'made' / 'y.txt').write_text('y\\n')")
+    p = subprocess.run([*FAST, str(ws), "--timeout", "30", "--", "python", "-c", script],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert (ws / "keep.txt").read_text() == "new\n" and not (ws / "gone.txt").exists()
+    assert (ws / "made" / "y.txt").read_text() == "y\n" and (ws / "sub" / "x.py").read_text() == "x = 1\n"
+
+    big = "import sys\ntry:\n    open('/workspace/big', 'wb').write(b'0' * (48 << 20))\nexcept OSError as e:\n    print(e.errno); sys.exit(3)\n"
+    p = subprocess.run([*FAST, str(ws), "--disk-mb", "16", "--timeout", "60", "--", "python", "-c", big],
+                       capture_output=True, text=True, timeout=180, check=False)
+    assert p.returncode == 3 and p.stdout.strip() == "28", p.stdout + p.stderr  # ENOSPC, not the host's disk
+
+
+def test_sync_back_mirrors_the_tree(tmp_path: Path) -> None:
+    from etude.sandbox.cli import sync_back
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "a" / "b").mkdir(parents=True)
+    (src / "a" / "b" / "f").write_text("1")
+    (src / "link").symlink_to("a/b/f")
+    (dst / "a").mkdir(parents=True)
+    (dst / "a" / "old").write_text("0")
+    (dst / "link").write_text("was a file")
+    (dst / "d").mkdir()
+    sync_back(src, dst)
+    assert (dst / "a" / "b" / "f").read_text() == "1" and not (dst / "a" / "old").exists()
+    assert (dst / "link").is_symlink() and (dst / "link").read_text() == "1" and not (dst / "d").exists()
