@@ -62,6 +62,7 @@ COMMAND_OWNERS = {
     "tasks": "tasks",
     "grade": "envs",
     "train": "train",
+    "model": "train",
     "eval": "evals",
     "serve": "serve",
     "keys": "serve",

@@ -46,11 +46,13 @@ from etude.evals.results import write_result
 from etude.evals.stats import wilson_ci
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.cycle import specialised_candidate
+from etude.paths import cache
 from etude.pipeline.compare import eval_records, outcome_table, paired_figures
 from etude.pipeline.learning import SLICE, TASKS, EvalSetup, eval_harness, run_warm_start, warm_start
 from etude.pipeline.memory import PeakMemory
 from etude.pipeline.report import side_by_side
 from etude.pipeline.specialise import SpecialiseConfig, example_org_repo, run_specialise
+from etude.pipeline.specialise_time import TimeSpecialiseConfig, figure_specs, run_time_specialise
 from etude.pipeline.stages import Stages
 from etude.policy import resolve_backend
 from etude.provenance import provenance
@@ -144,8 +146,6 @@ class Demo:
     def specialise_time(self, base: str) -> tuple[Any, str]:
         """The organisation's specialisation by time (etude.pipeline.specialise_time, as `etude
         specialise --until`): a LoRA on its code at the cut-off, measured on the lines it wrote after."""
-        from etude.pipeline.specialise_time import TimeSpecialiseConfig, run_time_specialise
-
         c = self.cfg
         tcfg = TimeSpecialiseConfig(org=c.org, repos=(c.org_history,), until=(c.org_until,),
                                     out=str(self.out / "specialise_time"), base=base, minutes=c.time_minutes,
@@ -284,8 +284,6 @@ class Demo:
 
 def empty_cache() -> bool:
     """True when ETUDE_CACHE holds no sdist, model, task or environment yet (a first run)."""
-    from etude.paths import cache
-
     root = cache()
     return not any((root / d).exists() and any((root / d).iterdir())
                    for d in ("sdists", "models", "curriculum", "envs", "repos", "archives"))
@@ -309,8 +307,6 @@ def record_demo(doc: dict[str, Any], out: Path) -> Path:
     records = eval_records(arms)
     st = doc.get("specialise_time") or {}
     if st:  # the org's specialisation by time: its per-line records, arms prefixed apart from the evals'
-        from etude.pipeline.specialise_time import TimeSpecialiseConfig, figure_specs
-
         for line in (out / "specialise_time" / "records.jsonl").read_text().splitlines():
             r = json.loads(line)
             records.append(r | {"arm": "org-" + r["arm"]})

@@ -47,6 +47,7 @@ from typing import Any
 
 from etude.errors import EtudeError, NotFound
 from etude.evals import CompareConfig, EvalConfig, compare, run_eval
+from etude.evals.codelm import code_gate
 from etude.evals.runner import resolve_suite
 from etude.experiments import analyze
 from etude.harness import HarnessConfig
@@ -372,8 +373,6 @@ class _Cycle:
         cp = registry.get_checkpoint(self.store, trained["specialised"])
         if cp.meta.get("kind") != "specialised-by-time":
             return None
-        from etude.pipeline.specialise_time import code_gate
-
         return code_gate(cp.meta["report"], self._model_dir(self.prod["path"], self.prod["name"]),
                          self._model_dir(trained["checkpoint"], cand_name))
 

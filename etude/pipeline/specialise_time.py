@@ -3,7 +3,7 @@ wrote after.
 
 Read top to bottom in `run_time_specialise` (stages resume through etude.pipeline.stages):
 
-1. split    — per repository (etude.pipeline.timesplit): the cut-off commit, the text of its
+1. split    — per repository (etude.tasks.timesplit): the cut-off commit, the text of its
               tree for training, the lines added after it for measuring. DIR/<repo>/split.json
               and items.jsonl; the split's proof (`check_no_leak`) is checked against the
               repository before anything trains;
@@ -29,6 +29,7 @@ yet: `repo_em` is its line-level counterpart.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 import time
@@ -41,8 +42,26 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from etude.errors import EtudeError
+from etude.evals.codelm import load_scorer, records_of, score_items
+from etude.evals.results import compute_figures
+from etude.paths import cache
+from etude.pipeline.codelm import train_on_text
+from etude.pipeline.specialise import check_base, check_org
 from etude.pipeline.stages import Stages
-from etude.pipeline.timesplit import build_split, check_no_leak, defined_names, items_from_jsonl, items_to_jsonl
+from etude.policy.models import resolve
+from etude.serve import registry
+from etude.store import open_store
+from etude.tasks.timesplit import (
+    Document,
+    build_split,
+    cat_blobs,
+    check_no_leak,
+    defined_names,
+    items_from_jsonl,
+    items_to_jsonl,
+    resolve_cutoff,
+    resolve_repo,
+)
 
 MEASURES_BINARY = ("line_em", "rest_em", "ident_em")
 FAMILIES = {"loss": "loss", "token_acc": "completion", "line_em": "completion", "rest_em": "completion",
@@ -109,21 +128,6 @@ class TimeSpecialiseConfig:
 
 def arm_of(fraction: float) -> str:
     return "adapter" if fraction == 1.0 else f"adapter@{fraction:g}"
-
-
-def records_of(repo: str, role: str, arm: str, items: Sequence[Any], rows: Sequence[dict[str, Any]],
-               run: str) -> list[dict[str, Any]]:
-    """Flat records (one per line and arm) that the figures are computed from."""
-    out = []
-    for it, r in zip(items, rows, strict=True):
-        out.append({
-            "run": run, "repo": repo, "role": role, "arm": arm, "item": it.id, "commit": it.commit, "kind": it.kind,
-            "seen": int(it.seen_at_cutoff), "nll": r["nll"], "neg_nll": -r["nll"], "ntok": r["ntok"],
-            "token_acc": r["token_acc"], "line_em": r["line_em"], "rest_em": r["rest_em"],
-            "has_ident": int(r["ident_em"] is not None), "ident_em": r["ident_em"] or 0,
-            "has_repo": int(r["repo_em"] is not None), "repo_em": r["repo_em"] or 0,
-        })
-    return out
 
 
 def figure_specs(run: str, own: Sequence[str], regress: Sequence[str], fractions: Sequence[float], *,
@@ -193,11 +197,6 @@ def base_cache(cfg: TimeSpecialiseConfig, items_text: str, names_text: str) -> P
     per set of lines, whichever org's run asks): keyed by the base's weights file digest, the
     lines, the repository's names and the context length. None for a base without a local
     weights file."""
-    import hashlib
-
-    from etude.paths import cache
-    from etude.policy.models import resolve
-
     where = resolve(cfg.base)
     weights = sorted(Path(where).glob("*.safetensors")) if isinstance(where, Path) else []
     if not weights:
@@ -251,12 +250,9 @@ class TimeSpecialise:
                 for name, r in split.items() if r["role"] == role]
 
     def train(self, split: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from etude.pipeline.codelm import train_on_text
-        from etude.pipeline.timesplit import Document, _cat
-
         docs: list[Document] = []
         for name, r, rec in self._splits(split, "own"):
-            blobs = _cat(Path(r["path"]), [d["blob"] for d in rec["training"]])
+            blobs = cat_blobs(Path(r["path"]), [d["blob"] for d in rec["training"]])
             texts = {d["path"]: blobs[d["blob"]].decode("utf-8") for d in rec["training"]}
             check_no_leak(rec, r["path"], texts)  # the text about to be trained on is the cut-off's
             docs += [Document(path=f"{name}/{d['path']}", blob=d["blob"], text=texts[d["path"]]) for d in rec["training"]]
@@ -277,8 +273,6 @@ class TimeSpecialise:
                      f"({len(docs)} files) in {res['seconds']:.0f} s; final train loss {final['train_loss']:.3f}")
 
     def score(self, split: dict[str, Any], train: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from etude.pipeline.codelm import load_scorer, score_items
-
         arms: list[tuple[str, str | None, list[str]]] = [("base", None, list(split))]
         own = [n for n, r in split.items() if r["role"] == "own"]
         for c in train["checkpoints"]:
@@ -314,8 +308,6 @@ class TimeSpecialise:
         return {"records": str(path), "n": len(records)}, f"{len(records)} scored lines over {len(arms)} models"
 
     def report(self, split: dict[str, Any], train: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        from etude.evals.results import compute_figures
-
         records = [json.loads(x) for x in (self.out / "records.jsonl").read_text().splitlines()]
         own = [n for n, r in split.items() if r["role"] == "own"]
         regress = [n for n, r in split.items() if r["role"] == "regress"]
@@ -334,9 +326,6 @@ class TimeSpecialise:
         return rep, "; ".join(lines)
 
     def register(self) -> tuple[dict[str, Any], str]:
-        from etude.serve import registry
-        from etude.store import open_store
-
         rep = json.loads((self.out / "report.json").read_text())
         cp = registry.register_adapter(
             open_store(self.cfg.db), self.cfg.org, self.out / "adapter", self.out / "adapters",
@@ -345,67 +334,12 @@ class TimeSpecialise:
         return {"name": cp.name, "state": cp.state, "version": cp.version}, f"registered {cp.name} as {self.cfg.org}'s candidate"
 
 
-def code_gate(report: str | Path, production: str, candidate: str, *, ctx_tokens: int = 256,
-              loss_margin: float = 0.0, acc_margin: float = 0.01) -> dict[str, Any]:
-    """The loop's gate for an adapter of this run (`etude loop --org`, beside its held-out tasks):
-    production and candidate (model directories: an adapter merged on its base) scored on each
-    repository's gate lines (DIR/<repo>/gate.jsonl, never the report's held-out lines). It passes
-    when on every repository the candidate's loss is lower (the clustered bootstrap interval of
-    the paired difference below -loss_margin) and its token accuracy non-inferior (margin
-    acc_margin, one-sided paired t). Returns {"passed", "repos": {name: {loss, token_acc}}, "why"}."""
-    from etude.evals.results import compute_figures
-    from etude.pipeline.codelm import load_scorer, score_items
-
-    run = Path(report).parent
-    rep = json.loads(Path(report).read_text())
-    own = [n for n, r in rep["split"].items() if r["role"] == "own"]
-    missing = [n for n in own if not (run / n / "gate.jsonl").is_file()]
-    if missing:
-        raise EtudeError(f"{run}: no gate lines for {', '.join(missing)} (a run from before gate.jsonl; rerun "
-                         "etude specialise --until)")
-    records: list[dict[str, Any]] = []
-    for arm, model_dir in (("production", production), ("candidate", candidate)):
-        model, tok = load_scorer(model_dir)
-        for n in own:
-            items = items_from_jsonl((run / n / "gate.jsonl").read_text())
-            names = frozenset(json.loads((run / n / "names.json").read_text()))
-            rows = score_items(model, tok, items, names=names, ctx_tokens=ctx_tokens)
-            records += records_of(n, "gate", arm, items, rows, "gate")
-        del model
-    specs: dict[str, dict[str, Any]] = {}
-    for n in own:
-        a, b = {"repo": n, "arm": "production"}, {"repo": n, "arm": "candidate"}
-        specs[f"{n}.loss"] = {"kind": "paired_mean", "a": a, "b": b, "key": "item", "field": "nll", "cluster": "commit"}
-        specs[f"{n}.token_acc"] = {"kind": "noninferiority", "a": a, "b": b, "key": "item", "field": "token_acc",
-                                   "margin": acc_margin}
-    figs = compute_figures(specs, records)
-    out: dict[str, Any] = {"repos": {}, "lines": len(records) // 2}
-    why = []
-    for n in own:
-        lo, acc = figs[f"{n}.loss"], figs[f"{n}.token_acc"]
-        lower = lo["ci_high"] is not None and lo["ci_high"] < -loss_margin
-        out["repos"][n] = {"loss": {k: lo[k] for k in ("n", "mean_a", "mean_b", "mean_diff", "ci_low", "ci_high", "p")},
-                           "token_acc": {k: acc[k] for k in ("mean_a", "mean_b", "mean_diff", "lower_bound", "p",
-                                                             "noninferior")},
-                           "passed": bool(lower and acc["noninferior"])}
-        if not lower:
-            why.append(f"{n}: loss {lo['mean_diff']:+.3f} nats/token, interval up to {lo['ci_high']:+.3f} (not lower)")
-        if not acc["noninferior"]:
-            why.append(f"{n}: token accuracy {acc['mean_diff']:+.3f}, not within -{acc_margin:g}")
-    out["passed"] = not why
-    out["why"] = "; ".join(why) or "loss lower and token accuracy non-inferior on every repository's gate lines"
-    return out
-
-
 SPLIT_USES = ("repos", "until", "regress", "regress_until", "items", "gate_items", "seed")
 TRAIN_USES = SPLIT_USES + ("base", "minutes", "checkpoints", "block", "batch", "lr", "epochs", "lora_r", "lora_alpha")
 
 
 def preflight(cfg: TimeSpecialiseConfig) -> None:
     """Every repository and cut-off resolves (one EtudeError line otherwise), before DIR is made."""
-    from etude.pipeline.specialise import check_base, check_org
-    from etude.pipeline.timesplit import resolve_cutoff, resolve_repo
-
     check_org(cfg.org)
     check_base(cfg.base, cfg.org)
     for spec, until, _ in cfg.cutoffs():

@@ -10,6 +10,7 @@ import typer
 
 from etude.errors import EtudeError
 from etude.sandbox import SandboxConfig, run_passthrough
+from etude.sandbox.workspace import Workspace
 
 sandbox_app = typer.Typer(help="Run commands isolated (bubblewrap) in a workspace.", no_args_is_help=True)
 
@@ -68,8 +69,6 @@ def exec_cmd(
     sys.stdout.flush()
     if not disk_mb or unsandboxed:
         raise typer.Exit(run_passthrough(cmd, workspace=workspace, config=cfg))
-    from etude.sandbox.workspace import Workspace
-
     with Workspace.create(workspace, kind="copy", disk_mb=disk_mb) as ws:
         try:
             code = run_passthrough(cmd, workspace=ws.path, config=cfg)

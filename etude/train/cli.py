@@ -11,12 +11,14 @@ from etude.errors import EtudeError
 from etude.scale.lowp import check_precision
 from etude.train import distributed, load_config, train
 from etude.train.config import with_rollout_backend
+from etude.train.modelcheck import check_model, problems, to_json
 from etude.train.overrides import ConfigOpt, OutOpt, SetOpt, TestSplitOpt, run_dir, run_overrides
 from etude.train.sft_cli import register_sft
 
 
 def register(app: typer.Typer) -> None:
     register_sft(app)
+    register_model(app)
 
     @app.command("train")
     def train_cmd(
@@ -73,3 +75,38 @@ def _launch(cfg: Any, nproc: int) -> None:
     rc = distributed.launch(nproc, argv, cfg.parallel.backend)
     if rc:
         raise SystemExit(rc)
+
+
+def register_model(app: typer.Typer) -> None:
+    model_app = typer.Typer(help="Check a model directory before training or serving it.", no_args_is_help=True)
+    app.add_typer(model_app, name="model")
+
+    @model_app.command("check")
+    def check_cmd(
+        path: Annotated[str, typer.Argument(help="A Hugging Face model directory (config.json, safetensors, tokenizer).")],
+        seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length of the memory estimate.")] = 4096,
+        gpus: Annotated[int, typer.Option("--gpus", help="GPUs of the memory estimate (full fine-tuning is sharded over them).")] = 1,
+        vllm_python: Annotated[str | None, typer.Option("--vllm-python", help="A Python with vLLM to ask (default: this environment's, else the checkout's .venv-vllm).")] = None,
+        no_vllm: Annotated[bool, typer.Option("--no-vllm", help="Skip the vLLM check (it starts vLLM's registry, a few seconds).")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    ) -> None:
+        """What works for this model in etude: config, weights, tokenizer, chat template with tools, tool-call parsing, LoRA targets, vLLM, MoE replay, memory. Exit 2 with one line per problem."""
+        from rich.console import Console
+        from rich.table import Table
+
+        if seq_len <= 0 or gpus <= 0:
+            raise EtudeError("--seq-len and --gpus must be positive")
+        rows = check_model(path, seq_len=seq_len, gpus=gpus, vllm_python=vllm_python, vllm=not no_vllm)
+        if as_json:
+            print(json.dumps(to_json(rows), indent=1))
+        else:
+            t = Table(title=f"etude model check {path}")
+            for col in ("check", "status", "detail"):
+                t.add_column(col)
+            colour = {"ok": "green", "problem": "red", "skipped": "yellow", "info": "cyan"}
+            for r in rows:
+                t.add_row(r.check, f"[{colour[r.status]}]{r.status}[/]", r.detail)
+            Console().print(t)
+        bad = problems(rows)
+        if bad:
+            raise EtudeError("\n".join(bad))

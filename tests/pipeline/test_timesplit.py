@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from etude.errors import EtudeError
-from etude.pipeline.timesplit import (
+from etude.tasks.timesplit import (
     LeakError,
     build_split,
     check_no_leak,
@@ -171,8 +171,8 @@ def test_the_leak_proof_refuses_a_planted_leak(repo):
 def test_scores_are_the_teacher_forced_measures():
     import torch
 
-    from etude.pipeline.codelm import load_scorer, prepare, score_items
-    from etude.pipeline.timesplit import Item
+    from etude.evals.codelm import load_scorer, prepare, score_items
+    from etude.tasks.timesplit import Item
 
     model, tok = load_scorer("tiny")
     it = Item(id="x", commit="c", path="pkg/mod.py", line_no=3, context="def slugify(text):\n",

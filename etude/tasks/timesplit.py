@@ -33,9 +33,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import random
 import re
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -43,7 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.paths import cache
+from etude.tasks import seal
+from etude.tasks.fetch import fetch_sdist, locked, normalise
 from etude.tasks.history import check_repo, git_env
+from etude.tasks.history_suite import PREFIX, ensure_clone, load_manifest
+from etude.tasks.layout import iter_files
 
 DATE_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 TEXT_SUFFIXES = (".py", ".pyi", ".rst", ".md", ".txt", ".toml", ".cfg", ".ini")
@@ -81,9 +89,6 @@ def resolve_repo(spec: str) -> RepoRef:
     """A local git repository, a `builtin:history` repository by name or a PyPI release pair (see
     the module doc); a sealed test-split package's code is refused whichever way it comes (every
     use here trains or measures repeatedly: etude.tasks.seal)."""
-    from etude.tasks import seal
-    from etude.tasks.fetch import normalise
-
     early = spec.split("==", 1)[0] if "==" in spec else None  # a package is refused before it is fetched
     if early is not None and normalise(early) in seal.sealed_packages():
         raise EtudeError(f"{spec}: a package of the sealed test split cannot be specialised on or measured "
@@ -97,7 +102,6 @@ def resolve_repo(spec: str) -> RepoRef:
 
 
 def _resolve_repo(spec: str) -> RepoRef:
-    from etude.tasks.history_suite import PREFIX, ensure_clone, load_manifest
 
     name = spec.removeprefix(f"{PREFIX}:")
     manifest = {r.name: r for r in load_manifest()}
@@ -130,8 +134,6 @@ def release_pair_repo(spec: str) -> RepoRef:
     the cut-off `--until OLD` names), then one commit per file that NEW adds or changes (tagged
     NEW), so the lines added between the releases are clustered by file as history is by commit.
     Built once per pair; the commits are dated at the releases' upload times."""
-    from etude.paths import cache
-    from etude.tasks.fetch import fetch_sdist, locked, normalise
 
     m = RELEASE_PAIR_RE.match(spec)
     assert m is not None
@@ -148,11 +150,6 @@ def release_pair_repo(spec: str) -> RepoRef:
 
 
 def _build_pair(dest: Path, old: Any, new: Any) -> None:
-    import os
-    import shutil
-    import tempfile
-
-    from etude.tasks.layout import iter_files
 
     part = Path(tempfile.mkdtemp(prefix="pair-", dir=dest.parent if dest.parent.exists() else None))
     try:
@@ -240,7 +237,7 @@ def _tree(repo: Path, rev: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def _cat(repo: Path, blobs: Sequence[str]) -> dict[str, bytes]:
+def cat_blobs(repo: Path, blobs: Sequence[str]) -> dict[str, bytes]:
     """Blob contents by id, through one `git cat-file --batch`."""
     if not blobs:
         return {}
@@ -261,7 +258,7 @@ def training_documents(cut: Cutoff) -> list[Document]:
     repo = Path(cut.repo.path)
     files = [(p, b) for p, b, size in _tree(repo, cut.sha)
              if p.endswith(TEXT_SUFFIXES) and 0 < size <= MAX_DOC_BYTES]
-    blobs = _cat(repo, [b for _, b in files])
+    blobs = cat_blobs(repo, [b for _, b in files])
     docs = []
     for p, b in sorted(files):
         try:
