@@ -2,7 +2,8 @@
 
 Runs `etude specialise --until` (etude.pipeline.specialise_time, the same stages as the command)
 once per repository, each as its own organisation: a LoRA adapter trained on that repository's
-text at the cut-off for the default budget, measured against the base on lines its maintainers
+text at the cut-off for the default budget (the checkpoint shipped is the one with the lowest loss
+on held-out blocks of that text), measured against the base on lines its maintainers
 added after the cut-off (loss, token accuracy, whole-line, rest-of-line and next-identifier exact
 match, line-level adherence to the repository's own names), at three points of the budget (the
 curve), and on the other repositories' post-cut-off lines (no regression). Families are Holm-
@@ -88,7 +89,7 @@ def main() -> None:
         rep = run_time_specialise(cfg)
         records += [json.loads(x) for x in (Path(cfg.out) / "records.jsonl").read_text().splitlines()]
         specs |= figure_specs(name, [name], [n for n, _ in others], cfg.checkpoints,
-                              loss_margin=cfg.loss_margin, acc_margin=cfg.acc_margin)
+                              loss_margin=cfg.loss_margin, acc_margin=cfg.acc_margin, chosen=rep["train"]["chosen"])
         runs[name] = rep
     doc = write_result(Path(args.results), specs, records, provenance(started=started, seeds={"split": 0, "train": 0},
                        stages={n: r["stages"] for n, r in runs.items()}),
@@ -99,8 +100,9 @@ def main() -> None:
                                 "lora_r": TimeSpecialiseConfig.lora_r, "block": TimeSpecialiseConfig.block,
                                 "batch": TimeSpecialiseConfig.batch, "loss_margin": TimeSpecialiseConfig.loss_margin,
                                 "acc_margin": TimeSpecialiseConfig.acc_margin},
-                             "train": {n: {k: r["train"][k] for k in ("steps", "planned_steps", "seconds", "blocks",
-                                                                        "tokens", "checkpoints")} for n, r in runs.items()},
+                             "train": {n: {k: r["train"].get(k) for k in ("steps", "planned_steps", "seconds", "blocks",
+                                                                            "val_blocks", "tokens", "chosen", "checkpoints")}
+                                       for n, r in runs.items()},
                              "stages": {n: {"wall_s": r["wall_s"], **r["stages"]} for n, r in runs.items()}})
     figs = doc["figures"]
     tg = {n: targets(figs, n, [n], [o for o, _ in pairs if o != n]) for n, _ in pairs}
@@ -108,9 +110,10 @@ def main() -> None:
     for n, r in runs.items():
         curve[n] = []
         for c in r["train"]["checkpoints"]:
-            f = figs[f"{n}.loss" if c["fraction"] == 1.0 else f"{n}@{c['fraction']:g}.loss"]
+            f = figs[f"{n}.loss" if c["fraction"] == r["train"]["chosen"] else f"{n}@{c['fraction']:g}.loss"]
             curve[n].append({"fraction": c["fraction"], "steps": c["steps"], "loss_diff": f["mean_diff"],
-                             "ci_low": f["ci_low"], "ci_high": f["ci_high"]})
+                             "ci_low": f["ci_low"], "ci_high": f["ci_high"], "val_loss": c.get("val_loss"),
+                             "shipped": c["fraction"] == r["train"]["chosen"]})
     png = RESULTS / "specialise_time" / "curve.png"
     plot_curve(curve, png)
     doc = write_result(Path(args.results), specs, records, doc["provenance"],

@@ -114,7 +114,8 @@ def time_plot(st: dict[str, Any], path: Path) -> Path | None:
             continue
         pts = [(0, 0.0, 0.0, 0.0)]
         for c in st["train"]["checkpoints"]:
-            x = f.get(f"{name}.loss" if c["fraction"] == 1.0 else f"{name}@{c['fraction']:g}.loss")
+            x = f.get(f"{name}.loss" if c["fraction"] == st["train"].get("chosen", 1.0)
+                      else f"{name}@{c['fraction']:g}.loss")
             if x and x["ci_low"] is not None:
                 pts.append((c["steps"], x["mean_diff"], x["ci_low"], x["ci_high"]))
         if len(pts) > 1:

@@ -149,7 +149,7 @@ class Demo:
         c = self.cfg
         tcfg = TimeSpecialiseConfig(org=c.org, repos=(c.org_history,), until=(c.org_until,),
                                     out=str(self.out / "specialise_time"), base=base, minutes=c.time_minutes,
-                                    items=c.time_items, seed=c.seed)
+                                    items=c.time_items, seed=c.seed, checkpoints=(0.5, 1.0))
         rep = run_time_specialise(tcfg, self.con)
         (name,) = [n for n, r in rep["split"].items() if r["role"] == "own"]
         f = rep["figures"]
@@ -313,6 +313,7 @@ def record_demo(doc: dict[str, Any], out: Path) -> Path:
         own = [n for n, r in st["split"].items() if r["role"] == "own"]
         regress = [n for n, r in st["split"].items() if r["role"] == "regress"]
         specs = figure_specs(st["org"], own, regress, st["train"]["fractions"], prefix="org-",
+                             chosen=st["train"].get("chosen", 1.0),
                              loss_margin=TimeSpecialiseConfig.loss_margin, acc_margin=TimeSpecialiseConfig.acc_margin)
         figures |= {f"org_time.{k}": v for k, v in specs.items()}
     slim = {k: v for k, v in doc.items() if k not in ("specialise", "provenance")}

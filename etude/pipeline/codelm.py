@@ -4,7 +4,10 @@
 of `block` tokens, shuffles the blocks with a seed and takes AdamW steps on them with a fresh LoRA
 adapter (bf16 autocast on CPU, fp32 adapter weights) until the wall-clock budget is spent or the
 epochs are done, saving the adapter at each fraction of the budget in `checkpoints` (the budget
-curve costs no second run). The measures are etude.evals.codelm's.
+curve costs no second run). A seeded `val_fraction` of the blocks (5%) is kept out of training;
+the checkpoint with the lowest loss on them is the one a run ships (`chosen`): early stopping on
+the cut-off's own text, so no line written after the cut-off chooses anything. The measures are
+etude.evals.codelm's.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ def pack_blocks(tok: Any, docs: Sequence[Document], block: int) -> list[list[int
 
 def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: float, checkpoints: Sequence[float] = (1.0,),
                   block: int = 512, batch: int = 4, lr: float = 5e-4, epochs: float = 2.0, r: int = 16, alpha: int = 32,
-                  seed: int = 0, progress: Progress | None = None) -> dict[str, Any]:
+                  seed: int = 0, val_fraction: float = 0.05, progress: Progress | None = None) -> dict[str, Any]:
     """The module doc's training. Writes out/<fraction>/ (peft adapter directories) and returns
-    {blocks, tokens, steps, seconds, checkpoints: [{fraction, dir, steps, seconds, train_loss}]}."""
+    {blocks, val_blocks, tokens, steps, seconds, chosen, checkpoints: [{fraction, dir, steps,
+    seconds, train_loss, val_loss}]}. Validation needs at least 20 blocks (else none is kept out and
+    the last checkpoint is chosen)."""
     import torch
 
     torch.manual_seed(seed)
@@ -49,6 +54,21 @@ def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: fl
     if not blocks:
         raise ValueError(f"the training text holds fewer than {block} tokens")
     random.Random(seed).shuffle(blocks)
+    n_val = max(2, round(val_fraction * len(blocks))) if val_fraction > 0 and len(blocks) >= 20 else 0
+    val, blocks = blocks[:n_val], blocks[n_val:]
+
+    def val_loss() -> float | None:
+        if not val:
+            return None
+        model.eval()
+        total = 0.0
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            for k in range(0, len(val), batch):
+                ids = torch.tensor(val[k:k + batch])
+                total += model(input_ids=ids, labels=ids, use_cache=False).loss.item() * len(ids)
+        model.train()
+        return total / len(val)
+
     total_steps = max(1, math.ceil(epochs * len(blocks) / batch))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -61,6 +81,7 @@ def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: fl
     t0 = time.monotonic()
     budget = minutes * 60
     step = 0
+    paused = 0.0  # seconds spent on validation, not counted against the training budget
     while step < total_steps:
         i = (step * batch) % len(blocks)
         ids = torch.tensor([blocks[(i + j) % len(blocks)] for j in range(batch)])
@@ -73,7 +94,7 @@ def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: fl
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
         step += 1
-        elapsed = time.monotonic() - t0
+        elapsed = time.monotonic() - t0 - paused
         if progress:
             progress(min(step, total_steps), total_steps)
         done = step >= total_steps or elapsed >= budget
@@ -81,12 +102,17 @@ def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: fl
             f = marks.pop(0)
             d = save_adapter(model, tok, out / f"{f:g}", base=base)
             tail = losses[-max(1, len(losses) // 5):]
+            v0 = time.monotonic()
+            vl = val_loss()
+            paused += time.monotonic() - v0
             saved.append({"fraction": f, "dir": str(d), "steps": step, "seconds": round(elapsed, 1),
-                          "train_loss": sum(tail) / len(tail)})
+                          "train_loss": sum(tail) / len(tail), "val_loss": vl})
         if done:
             break
-    return {"blocks": len(blocks), "tokens": len(blocks) * block, "block": block, "batch": batch, "lr": lr,
-            "steps": step, "planned_steps": total_steps, "seconds": round(time.monotonic() - t0, 1),
-            "checkpoints": saved}
+    scored = [c for c in saved if c["val_loss"] is not None]
+    chosen = min(scored, key=lambda c: c["val_loss"])["fraction"] if scored else saved[-1]["fraction"]
+    return {"blocks": len(blocks), "val_blocks": len(val), "tokens": len(blocks) * block, "block": block,
+            "batch": batch, "lr": lr, "steps": step, "planned_steps": total_steps,
+            "seconds": round(time.monotonic() - t0, 1), "chosen": chosen, "checkpoints": saved}
 
 

@@ -95,6 +95,9 @@ class TimeSpecialiseConfig:
     batch: int = 4
     lr: float = 5e-4
     epochs: float = 2.0
+    val_fraction: float = 0.05
+    """share of the cut-off's text kept out of training; the checkpoint with the lowest loss on it
+    is shipped (early stopping that reads nothing written after the cut-off)."""
     lora_r: int = 16
     lora_alpha: int = 32
     seed: int = 0
@@ -126,15 +129,18 @@ class TimeSpecialiseConfig:
         return own + other
 
 
-def arm_of(fraction: float) -> str:
-    return "adapter" if fraction == 1.0 else f"adapter@{fraction:g}"
+def arm_of(fraction: float, chosen: float = 1.0) -> str:
+    """The records' arm of a checkpoint: "adapter" for the one the run ships (`chosen`, by the
+    loss on the cut-off's held-out blocks), "adapter@F" for the budget curve's others."""
+    return "adapter" if fraction == chosen else f"adapter@{fraction:g}"
 
 
 def figure_specs(run: str, own: Sequence[str], regress: Sequence[str], fractions: Sequence[float], *,
-                 loss_margin: float, acc_margin: float, prefix: str = "") -> dict[str, dict[str, Any]]:
+                 loss_margin: float, acc_margin: float, prefix: str = "", chosen: float = 1.0) -> dict[str, dict[str, Any]]:
     """The report's comparisons (each adapter arm against the base, paired by line). Families:
     `loss`, `completion` (token accuracy and the three exact matches) and `adherence` across the
-    repositories (Holm within each); the budget curve's earlier checkpoints in `curve`; no
+    repositories (Holm within each), for the shipped checkpoint (`chosen`); the budget curve's
+    other checkpoints in `curve`; no
     regression as one-sided non-inferiority tests (no family: each must hold). `prefix` goes before
     every arm name (records kept beside other records whose arms are "base", as the demo's are)."""
     figs: dict[str, dict[str, Any]] = {}
@@ -143,12 +149,11 @@ def figure_specs(run: str, own: Sequence[str], regress: Sequence[str], fractions
             return {"run": run, "repo": repo, "arm": prefix + arm, **extra}
 
         for f in sorted(fractions):
-            arm = arm_of(f)
-            fam = None if f == 1.0 else "curve"
-            pre = f"{repo}." if f == 1.0 else f"{repo}@{f:g}."
+            arm = arm_of(f, chosen)
+            pre = f"{repo}." if f == chosen else f"{repo}@{f:g}."
             figs[pre + "loss"] = {"kind": "paired_mean", "a": sel("base"), "b": sel(arm), "key": "item",
-                                  "field": "nll", "cluster": "commit", "family": fam or "loss"}
-            if f != 1.0:
+                                  "field": "nll", "cluster": "commit", "family": "loss" if f == chosen else "curve"}
+            if f != chosen:
                 continue
             figs[pre + "token_acc"] = {"kind": "paired_mean", "a": sel("base"), "b": sel(arm), "key": "item",
                                        "field": "token_acc", "cluster": "commit", "family": "completion"}
@@ -261,23 +266,27 @@ class TimeSpecialise:
             task = prog.add_task("train", total=None)
             res = train_on_text(cfg.base, docs, self.out / "checkpoints", minutes=cfg.minutes, checkpoints=cfg.checkpoints,
                                 block=cfg.block, batch=cfg.batch, lr=cfg.lr, epochs=cfg.epochs, r=cfg.lora_r,
-                                alpha=cfg.lora_alpha, seed=cfg.seed,
+                                alpha=cfg.lora_alpha, seed=cfg.seed, val_fraction=cfg.val_fraction,
                                 progress=lambda k, n: prog.update(task, completed=k, total=n))
-        final = next(c for c in res["checkpoints"] if c["fraction"] == 1.0)
+        final = next(c for c in res["checkpoints"] if c["fraction"] == res["chosen"])
         dest = self.out / "adapter"
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(final["dir"], dest)
         res["adapter"] = str(dest)
+        vals = ", ".join(f"{c['fraction']:g}: {c['val_loss']:.3f}" for c in res["checkpoints"] if c["val_loss"] is not None)
         return res, (f"{res['steps']} steps of {res['batch']}x{res['block']} tokens on {res['blocks']} blocks "
-                     f"({len(docs)} files) in {res['seconds']:.0f} s; final train loss {final['train_loss']:.3f}")
+                     f"({len(docs)} files) in {res['seconds']:.0f} s; shipped the checkpoint at {res['chosen']:g} of "
+                     f"the budget" + (f" (loss on {res['val_blocks']} held-out blocks of the cut-off's text: {vals})"
+                                      if vals else ""))
 
     def score(self, split: dict[str, Any], train: dict[str, Any]) -> tuple[dict[str, Any], str]:
         arms: list[tuple[str, str | None, list[str]]] = [("base", None, list(split))]
         own = [n for n, r in split.items() if r["role"] == "own"]
+        chosen = train.get("chosen", 1.0)
         for c in train["checkpoints"]:
             f = c["fraction"]
-            arms.append((arm_of(f), c["dir"], own if f != 1.0 else list(split)))
+            arms.append((arm_of(f, chosen), c["dir"], own if f != chosen else list(split)))
         records: list[dict[str, Any]] = []
         for arm, adapter, repos in arms:
             model = tok = None
@@ -312,7 +321,8 @@ class TimeSpecialise:
         own = [n for n, r in split.items() if r["role"] == "own"]
         regress = [n for n, r in split.items() if r["role"] == "regress"]
         specs = figure_specs(self.run_name, own, regress, [c["fraction"] for c in train["checkpoints"]],
-                             loss_margin=self.cfg.loss_margin, acc_margin=self.cfg.acc_margin)
+                             loss_margin=self.cfg.loss_margin, acc_margin=self.cfg.acc_margin,
+                             chosen=train.get("chosen", 1.0))
         figs = compute_figures(specs, records)
         rep = {"org": self.cfg.org, "base": self.cfg.base, "split": split, "train": train, "figures": figs,
                "targets": targets(figs, self.run_name, own, regress), "adapter": train["adapter"], "stages": self.stages.times()}
@@ -335,7 +345,8 @@ class TimeSpecialise:
 
 
 SPLIT_USES = ("repos", "until", "regress", "regress_until", "items", "gate_items", "seed")
-TRAIN_USES = SPLIT_USES + ("base", "minutes", "checkpoints", "block", "batch", "lr", "epochs", "lora_r", "lora_alpha")
+TRAIN_USES = SPLIT_USES + ("base", "minutes", "checkpoints", "block", "batch", "lr", "epochs", "val_fraction",
+                           "lora_r", "lora_alpha")
 
 
 def preflight(cfg: TimeSpecialiseConfig) -> None:

@@ -123,7 +123,7 @@ def test_training_reads_only_the_cut_off_tree(repo):
     root, (c1, _, _) = repo
     cut = resolve_cutoff(resolve_repo(str(root)), "v1")
     docs = training_documents(cut)
-    assert {d.path for d in docs} == {"pkg/__init__.py", "pkg/mod.py", "README.md"}
+    assert {d.path for d in docs} == {"pkg/mod.py", "README.md"}  # an empty file has no text to train on
     text = "".join(d.text for d in docs)
     assert "title_slug" not in text and "whisper" not in text
     assert defined_names(docs) == {"slugify", "shout"}
@@ -194,14 +194,14 @@ def test_scores_are_the_teacher_forced_measures():
 def test_paired_mean_clusters_resample_whole_commits():
     from etude.evals.stats import paired_mean_diff
 
-    a = [1.0] * 12
-    b = [0.9] * 10 + [1.5, 1.5]  # ten lines better, two lines (of one commit) much worse
+    a = [1.0] * 32
+    b = [0.9] * 30 + [1.5, 1.5]  # thirty lines of one commit better, two lines of another much worse
     flat = paired_mean_diff(a, b)
-    clustered = paired_mean_diff(a, b, ["c1"] * 10 + ["c2"] * 2)
-    assert flat["n_clusters"] == 12 and clustered["n_clusters"] == 2
+    clustered = paired_mean_diff(a, b, ["c1"] * 30 + ["c2"] * 2)
+    assert flat["n_clusters"] == 32 and clustered["n_clusters"] == 2
     assert math.isclose(flat["mean_diff"], clustered["mean_diff"])
     assert flat["p"] < 0.05 < clustered["p"]  # two commits are no evidence
-    assert flat["ci_low"] <= flat["mean_diff"] <= flat["ci_high"]
+    assert flat["ci_low"] <= flat["mean_diff"] <= flat["ci_high"] < 0 < clustered["ci_high"]
 
 
 def _spec(*args, env):
@@ -266,3 +266,19 @@ def test_a_release_pair_is_a_repository_cut_at_its_older_release():
         resolve_repo("tinydb==4.8.2")
     with pytest.raises(EtudeError, match="no such revision"):
         resolve_cutoff(resolve_repo("tinydb==4.8.2..4.9.0"), "4.0.0")
+
+
+def test_the_shipped_checkpoint_is_chosen_on_the_cut_off_texts_held_out_blocks(tmp_path):
+    from etude.pipeline.codelm import train_on_text
+    from etude.tasks.timesplit import Document
+
+    docs = [Document(path=f"m{i}.py", blob=str(i), text=MOD_V3 * 3) for i in range(12)]
+    res = train_on_text("tiny", docs, tmp_path / "ck", minutes=5, checkpoints=(0.5, 1.0), block=32, batch=2,
+                        epochs=0.2, seed=0)
+    assert res["val_blocks"] >= 2 and res["blocks"] + res["val_blocks"] >= 20
+    vals = {c["fraction"]: c["val_loss"] for c in res["checkpoints"]}
+    assert all(v is not None for v in vals.values())
+    assert res["chosen"] == min(vals, key=lambda f: (vals[f], f))
+    few = train_on_text("tiny", docs[:1], tmp_path / "few", minutes=5, checkpoints=(1.0,), block=32, batch=2,
+                        epochs=0.2)
+    assert few["val_blocks"] == 0 and few["chosen"] == 1.0 and few["checkpoints"][0]["val_loss"] is None
