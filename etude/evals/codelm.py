@@ -175,10 +175,13 @@ def code_gate(report: str | Path, production: str, candidate: str, *, ctx_tokens
                            "token_acc": {k: acc[k] for k in ("mean_a", "mean_b", "mean_diff", "lower_bound", "p",
                                                              "noninferior")},
                            "passed": bool(lower and acc["noninferior"])}
-        if not lower:
+        if not lower and lo["ci_high"] is None:
+            why.append(f"{n}: loss {lo['mean_diff']:+.3f} nats/token on {lo['n']} line(s) of {lo['n_clusters']} "
+                       "commit(s): too few for an interval (not lower)")
+        elif not lower:
             why.append(f"{n}: loss {lo['mean_diff']:+.3f} nats/token, interval up to {lo['ci_high']:+.3f} (not lower)")
         if not acc["noninferior"]:
-            why.append(f"{n}: token accuracy {acc['mean_diff']:+.3f}, not within -{acc_margin:g}")
+            why.append(f"{n}: token accuracy {acc['mean_diff'] or 0:+.3f}, not within -{acc_margin:g}")
     out["passed"] = not why
     out["why"] = "; ".join(why) or "loss lower and token accuracy non-inferior on every repository's gate lines"
     return out

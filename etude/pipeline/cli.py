@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         repos: Annotated[str, typer.Option("--repos", help="its repositories: NAME==VERSION (PyPI) or a local git repository, comma-separated")],
         out: Annotated[Path, typer.Option("--out", help="run directory: tasks, split.json, adapter/, report.json, report.html")],
         base: Annotated[str | None, typer.Option("--base", help="model to specialise (default: the org's production checkpoint, else smollm2)")] = None,
-        minutes: Annotated[float | None, typer.Option("--minutes", help="training budget in wall minutes (SFT + RL; with --until, LoRA on the cut-off's text) [default: 15, with --until 8]")] = None,
+        minutes: Annotated[float | None, typer.Option("--minutes", help="training budget in wall minutes (SFT + RL; with --until, LoRA on the cut-off's text); default 15, with --until 8")] = None,
         seed: Annotated[int, typer.Option("--seed", help="seed of the tasks and of the split")] = 0,
         register_: Annotated[bool, typer.Option("--register", help="register the adapter as the org's candidate")] = False,
         backend: Annotated[str, typer.Option("--backend", help="episodes on hf, vllm or auto")] = "auto",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from etude.errors import EtudeError
 from etude.tasks.timesplit import Document
 from etude.train.config import LoraConfig
 from etude.train.lora import load_trainable, save_adapter
@@ -30,12 +31,21 @@ def _tokens(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
+MIN_TOKENS = 64
+
+
 def pack_blocks(tok: Any, docs: Sequence[Document], block: int) -> list[list[int]]:
+    """The documents' tokens (each then an end-of-text token) in blocks of `block`; a text shorter
+    than one block is one block of its own length; fewer than MIN_TOKENS is an EtudeError."""
     eos = tok.eos_token_id
     stream: list[int] = []
     for d in docs:
         stream.extend(_tokens(tok, d.text))
         stream.append(eos)
+    if len(stream) < MIN_TOKENS:
+        raise EtudeError(f"the cut-off's text is {len(stream)} tokens: too little to train on (at least {MIN_TOKENS})")
+    if len(stream) < block:
+        return [stream]
     return [stream[i:i + block] for i in range(0, len(stream) - block + 1, block)]
 
 
@@ -51,8 +61,6 @@ def train_on_text(base: str, docs: Sequence[Document], out: Path, *, minutes: fl
     torch.manual_seed(seed)
     model, tok = load_trainable(base, LoraConfig(enabled=True, r=r, alpha=alpha), fp32=True)
     blocks = pack_blocks(tok, docs, block)
-    if not blocks:
-        raise ValueError(f"the training text holds fewer than {block} tokens")
     random.Random(seed).shuffle(blocks)
     n_val = max(2, round(val_fraction * len(blocks))) if val_fraction > 0 and len(blocks) >= 20 else 0
     val, blocks = blocks[:n_val], blocks[n_val:]

@@ -17,7 +17,7 @@ from etude.loop.config import AlarmSection, CanarySection, EvalSection, TrafficC
 from etude.pipeline.specialise_time import TimeSpecialiseConfig, run_time_specialise
 from etude.serve import registry
 from etude.store import open_store
-from tests.pipeline.test_timesplit import MOD_V1, MOD_V2, MOD_V3, TEST_V3, _commit, _git
+from tests.pipeline.test_timesplit import GUIDE, MOD_V1, MOD_V2, MOD_V3, TEST_V3, _commit, _git
 
 
 @pytest.mark.slow
@@ -25,7 +25,8 @@ def test_a_by_time_adapter_is_gated_on_its_gate_lines_and_rolled_back_when_no_be
     repo = tmp_path / "orgrepo"
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
-    _commit(repo, {"pkg/__init__.py": "", "pkg/mod.py": MOD_V1}, "one", "2024-01-10T12:00:00+00:00")
+    _commit(repo, {"pkg/__init__.py": "", "pkg/mod.py": MOD_V1, "docs/guide.md": GUIDE}, "one",
+            "2024-01-10T12:00:00+00:00")
     _commit(repo, {"pkg/mod.py": MOD_V2}, "two", "2024-03-01T12:00:00+00:00")
     _commit(repo, {"pkg/mod.py": MOD_V3, "tests/test_mod.py": TEST_V3}, "three", "2024-04-01T12:00:00+00:00")
 
@@ -38,6 +39,7 @@ def test_a_by_time_adapter_is_gated_on_its_gate_lines_and_rolled_back_when_no_be
     ).for_org("acme")
     store = open_store(cfg.db_url())
     registry.register_checkpoint(store, "tiny", "tiny", state="production")
+    store.create_key("acme", name="acme-ci")  # the org's own key (the loop makes its own for traffic)
 
     run = tmp_path / "spec"
     rep = run_time_specialise(TimeSpecialiseConfig(org="acme", repos=(str(repo),), until=("2024-02-01",),

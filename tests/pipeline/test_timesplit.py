@@ -55,6 +55,11 @@ def test_whisper():
 '''
 
 
+GUIDE = "# Guide\n\n" + "".join(
+    f"Step {i}: call `slugify` on the title of section {i}, then `shout` the result when it is urgent.\n"
+    for i in range(40))  # enough text at the cut-off to train on (the model needs some tokens)
+
+
 def _git(root, *args, date="2024-01-10T12:00:00+00:00"):
     env = dict(os.environ, GIT_AUTHOR_NAME="A", GIT_AUTHOR_EMAIL="a@example.com", GIT_COMMITTER_NAME="A",
                GIT_COMMITTER_EMAIL="a@example.com", GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)  # fmt: skip
@@ -76,7 +81,8 @@ def repo(tmp_path):
     root = tmp_path / "orgrepo"
     root.mkdir()
     _git(root, "init", "-q", "-b", "main")
-    c1 = _commit(root, {"pkg/__init__.py": "", "pkg/mod.py": MOD_V1, "README.md": "# pkg\nSlugs and shouts.\n"},
+    c1 = _commit(root, {"pkg/__init__.py": "", "pkg/mod.py": MOD_V1, "README.md": "# pkg\nSlugs and shouts.\n",
+                        "docs/guide.md": GUIDE},
                  "Initial import", "2024-01-10T12:00:00+00:00")
     _git(root, "tag", "v1")
     c2 = _commit(root, {"pkg/mod.py": MOD_V2}, "Add title_slug", "2024-03-01T12:00:00+00:00")
@@ -123,7 +129,7 @@ def test_training_reads_only_the_cut_off_tree(repo):
     root, (c1, _, _) = repo
     cut = resolve_cutoff(resolve_repo(str(root)), "v1")
     docs = training_documents(cut)
-    assert {d.path for d in docs} == {"pkg/mod.py", "README.md"}  # an empty file has no text to train on
+    assert {d.path for d in docs} == {"pkg/mod.py", "README.md", "docs/guide.md"}  # an empty file has no text
     text = "".join(d.text for d in docs)
     assert "title_slug" not in text and "whisper" not in text
     assert defined_names(docs) == {"slugify", "shout"}
@@ -247,7 +253,8 @@ def test_specialise_until_end_to_end_on_a_tiny_model(repo, tmp_path, env):
     assert [c["fraction"] for c in rep["train"]["checkpoints"]] == [0.25, 0.5, 1.0]
     assert set(rep["targets"]) == {"orgrepo", "no_regression"}
     assert (out / "adapter" / "adapter_config.json").is_file()
-    assert rep["registered"]["state"] == "candidate"
+    printed = json.loads(r.stdout.strip().splitlines()[-1])
+    assert printed["registered"]["state"] == "candidate" and printed["targets"] == rep["targets"]
     again = _spec(*args, env=env)  # a rerun resumes every stage
     assert again.returncode == 0 and "from an earlier run" in again.stdout
 
