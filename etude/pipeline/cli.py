@@ -42,14 +42,14 @@ def register(app: typer.Typer) -> None:
             if items < 20:
                 raise EtudeError("--items must be at least 20")
             tcfg = TimeSpecialiseConfig(org=check_org(org), repos=split(repos), until=split(until), out=str(out),
-                                        base=check_base(base, check_org(org)), minutes=minutes or 8.0, seed=seed,
+                                        base=check_base(base, check_org(org)), minutes=minutes or TimeSpecialiseConfig.minutes, seed=seed,
                                         regress=split(regress), regress_until=split(regress_until), items=items,
                                         register=register_)
             rep = run_time_specialise(tcfg)
             print(json.dumps({"org": org, "adapter": rep["adapter"], "targets": rep["targets"],
                               "registered": rep.get("registered"), "report": str(out / "report.json")}, default=str))
             return
-        minutes = 15.0 if minutes is None else minutes
+        minutes = SpecialiseConfig.minutes if minutes is None else minutes
         if minutes <= 0:
             raise EtudeError("--minutes must be positive")
         if verify_edits < 0:

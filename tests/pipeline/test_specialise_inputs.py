@@ -57,6 +57,9 @@ def test_the_cli_budget_default_is_the_configs():
     from etude.cli import app
     from etude.pipeline.specialise import SpecialiseConfig
 
+    from etude.pipeline.specialise_time import TimeSpecialiseConfig
+
     cmd = typer.main.get_command(app).commands["specialise"]
     minutes = next(p for p in cmd.params if p.name == "minutes")
-    assert minutes.default == SpecialiseConfig.minutes
+    assert minutes.default is None  # the config's own default applies, by split
+    assert f"default {SpecialiseConfig.minutes:g}, with --until {TimeSpecialiseConfig.minutes:g}" in minutes.help
