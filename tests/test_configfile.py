@@ -61,3 +61,17 @@ def test_nested_tables_lists_and_overrides() -> None:
     assert apply_overrides({"a": {"c": 1}}, {"a.b": 2, "d": 3}) == {"a": {"c": 1, "b": 2}, "d": 3}
     with pytest.raises(EtudeError, match="--set expects key=value"):
         parse_set(["steps"])
+
+
+def test_shipped_configs_are_found_from_any_directory(tmp_path, monkeypatch):
+    """`configs/NAME.toml` given where no such file exists reads the installed package's copy
+    (etude/configs), so `etude demo` works outside the checkout; a file that is there wins."""
+    from etude.configfile import SHIPPED, read_toml, shipped
+
+    monkeypatch.chdir(tmp_path)
+    assert shipped("configs/agent_sft.toml") == SHIPPED / "agent_sft.toml"
+    assert "harness" in read_toml("configs/agent_sft.toml", "sft config")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "agent_sft.toml").write_text("mine = 1\n")
+    assert read_toml("configs/agent_sft.toml", "sft config") == {"mine": 1}
+    assert shipped("configs/no_such.toml").as_posix() == "configs/no_such.toml"
