@@ -34,7 +34,8 @@ from etude.tasks.timesplit import IDENT_RE, Item, items_from_jsonl
 Progress = Callable[[int, int], None]
 
 
-def _tokens(tok: Any, text: str) -> list[int]:
+def tokens(tok: Any, text: str) -> list[int]:
+    """`text`'s token ids, without special tokens (what both training and scoring feed the model)."""
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -65,7 +66,7 @@ def _covering(offsets: Sequence[tuple[int, int]], start: int, end: int) -> list[
 
 
 def prepare(tok: Any, item: Item, ctx_tokens: int, names: frozenset[str]) -> dict[str, Any]:
-    ctx = _tokens(tok, item.context)[-ctx_tokens:] if item.context else []
+    ctx = tokens(tok, item.context)[-ctx_tokens:] if item.context else []
     if not ctx:
         ctx = [tok.eos_token_id]  # a line at the top of a file is predicted after a document boundary
     enc = tok(item.line + "\n", add_special_tokens=False, return_offsets_mapping=True)

@@ -20,15 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
+from etude.evals.codelm import tokens
 from etude.tasks.timesplit import Document
 from etude.train.config import LoraConfig
 from etude.train.lora import load_trainable, save_adapter
 
 Progress = Callable[[int, int], None]
-
-
-def _tokens(tok: Any, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 MIN_TOKENS = 64
@@ -40,7 +37,7 @@ def pack_blocks(tok: Any, docs: Sequence[Document], block: int) -> list[list[int
     eos = tok.eos_token_id
     stream: list[int] = []
     for d in docs:
-        stream.extend(_tokens(tok, d.text))
+        stream.extend(tokens(tok, d.text))
         stream.append(eos)
     if len(stream) < MIN_TOKENS:
         raise EtudeError(f"the cut-off's text is {len(stream)} tokens: too little to train on (at least {MIN_TOKENS})")

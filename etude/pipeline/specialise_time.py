@@ -63,10 +63,6 @@ from etude.tasks.timesplit import (
     resolve_repo,
 )
 
-MEASURES_BINARY = ("line_em", "rest_em", "ident_em")
-FAMILIES = {"loss": "loss", "token_acc": "completion", "line_em": "completion", "rest_em": "completion",
-            "ident_em": "completion", "adherence": "adherence"}
-
 
 @dataclass(frozen=True)
 class TimeSpecialiseConfig:

@@ -17,7 +17,8 @@ from etude.loop.config import AlarmSection, CanarySection, EvalSection, TrafficC
 from etude.pipeline.specialise_time import TimeSpecialiseConfig, run_time_specialise
 from etude.serve import registry
 from etude.store import open_store
-from tests.pipeline.test_timesplit import GUIDE, MOD_V1, MOD_V2, MOD_V3, TEST_V3, _commit, _git
+from tests.pipeline.test_timesplit import GUIDE, MOD_V1, MOD_V2, MOD_V3, TEST_V3
+from tests.tasks.test_history import _commit, _git
 
 
 @pytest.mark.slow

@@ -56,7 +56,6 @@ def test_the_cli_budget_default_is_the_configs():
 
     from etude.cli import app
     from etude.pipeline.specialise import SpecialiseConfig
-
     from etude.pipeline.specialise_time import TimeSpecialiseConfig
 
     cmd = typer.main.get_command(app).commands["specialise"]

@@ -20,6 +20,7 @@ from etude.tasks.timesplit import (
     resolve_repo,
     training_documents,
 )
+from tests.tasks.test_history import _commit, _git  # the git helpers the history tests build repositories with
 
 MOD_V1 = '''def slugify(text):
     return text.lower().replace(" ", "-")
@@ -58,21 +59,6 @@ def test_whisper():
 GUIDE = "# Guide\n\n" + "".join(
     f"Step {i}: call `slugify` on the title of section {i}, then `shout` the result when it is urgent.\n"
     for i in range(40))  # enough text at the cut-off to train on (the model needs some tokens)
-
-
-def _git(root, *args, date="2024-01-10T12:00:00+00:00"):
-    env = dict(os.environ, GIT_AUTHOR_NAME="A", GIT_AUTHOR_EMAIL="a@example.com", GIT_COMMITTER_NAME="A",
-               GIT_COMMITTER_EMAIL="a@example.com", GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)  # fmt: skip
-    return subprocess.run(["git", *args], cwd=root, env=env, check=True, capture_output=True, text=True).stdout
-
-
-def _commit(root, files, message, date):
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    _git(root, "add", "-A")
-    _git(root, "commit", "-q", "-m", message, date=date)
-    return _git(root, "rev-parse", "HEAD").strip()
 
 
 @pytest.fixture
