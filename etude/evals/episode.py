@@ -25,7 +25,7 @@ from etude.envs import run_episode
 from etude.evals.adherence import adherence, patch_facts
 from etude.evals.config import EvalConfig
 from etude.rewards import apply_flags, breakdown_json, score
-from etude.rewards.terms import answers, asks_question
+from etude.rewards.terms import answers, asks_question, repeats
 from etude.tasks.repo import prepare_repo
 from etude.types import Task, Trajectory
 
@@ -62,6 +62,7 @@ def efficiency(traj: Trajectory) -> dict[str, Any]:
     return {
         "turns": len(traj.turns),
         "repeated_turns": len(traj.meta.get("repeated_turns") or ()),  # the same reply and results again
+        "repeated_calls": repeats(traj),  # calls identical (tool, arguments) to an earlier one: the loop's repeat_rate
         "tool_calls": sum(per_turn),
         "calls_issued": all_calls,  # every call the model wrote, well-formed or not (submit included)
         "calls_well_formed": all_calls - malformed,  # parsed, named a tool offered, arguments fit its schema

@@ -26,6 +26,7 @@ and the loss of power from interim looks on users only partly observed (simulate
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -88,13 +89,18 @@ def plan(mde: float, user_cv: float, *, alpha: float = 0.05, power: float = 0.8,
     if len(weights) != 2 or min(weights) <= 0:
         raise EtudeError(f"weights must be two positive numbers, got {weights}")
     ratio = weights[1] / weights[0]
-    n1 = NormalIndPower().solve_power(effect_size=mde / user_cv, nobs1=None, alpha=alpha, power=power, ratio=ratio,
-                                      alternative="two-sided")
-    n_c = int(math.ceil(float(np.asarray(n1).item())))
-    n_t = int(math.ceil(n_c * ratio))
+    with warnings.catch_warnings():  # its root finder's failure is handled below
+        warnings.simplefilter("ignore")
+        n1 = NormalIndPower().solve_power(effect_size=mde / user_cv, nobs1=None, alpha=alpha, power=power,
+                                          ratio=ratio, alternative="two-sided")
+    za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
+    n1 = float(np.asarray(n1).item())
+    if not math.isfinite(n1):  # statsmodels' root finder fails below about one user: the normal formula
+        n1 = (za + zb) ** 2 * (1 + 1 / ratio) / (mde / user_cv) ** 2
+    n_c = max(2, int(math.ceil(n1)))  # a per-user variance needs two users an arm
+    n_t = max(2, int(math.ceil(n_c * ratio)))
     r = best_ratio(alpha)
     z_needed = math.sqrt(msprt_threshold_z2(r, alpha))
-    za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
     return ABPlan(mde=mde, alpha=alpha, power=power, user_cv=float(user_cv), weights=(float(weights[0]), float(weights[1])),
                   users_per_arm=(n_c, n_t), tau_rel=tau_rel_for(mde, alpha, power), msprt_r=r, msprt_z=z_needed,
                   msprt_power_final_look=float(stats.norm.sf(z_needed - (za + zb))))

@@ -26,6 +26,8 @@ def loop(
                                             "interactions only, gated on its held-out tasks, canaried to its users")] = None,
     allow_test_split: Annotated[bool, typer.Option("--allow-test-split", help="let users or the gate draw on sealed "
                                                    "test-split packages; the cycle is marked contaminated")] = False,
+    candidate: Annotated[Path | None, typer.Option("--candidate", help="canary this model directory (trained "
+                                                   "elsewhere) instead of training one from the cycle's traffic")] = None,
     backend: Annotated[str | None, typer.Option("--backend", help="engine of the loop's server: hf or vllm (overrides "
                                                 "\\[server] backend; vllm needs `make setup-vllm`)")] = None,
 ) -> None:
@@ -39,6 +41,10 @@ def loop(
         cfg = cfg.for_org(org)
     if allow_test_split:
         cfg = dataclasses.replace(cfg, allow_test_split=True)
+    if candidate is not None:
+        if not candidate.is_dir():
+            raise EtudeError(f"--candidate {candidate}: not a model directory")
+        cfg = dataclasses.replace(cfg, candidate=str(candidate.resolve()))
     if backend is not None:
         cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, backend=backend))
     for _ in range(cycles):

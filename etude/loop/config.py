@@ -19,6 +19,7 @@ from etude.harness.config import HarnessConfig
 from etude.loop.metrics import METRICS
 from etude.loop.population import UserModel
 from etude.policy import BACKENDS
+from etude.rewards import RewardConfig
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,19 @@ class TrafficConfig:
     executor: str = "ray"
     """scripted: where sessions run: "ray" (each session a Ray task; a local Ray unless
     `ray_address`) or "threads" (a pool in the loop's process)."""
+    harness: HarnessConfig | None = None
+    """scripted: `[traffic.harness]`, the agent harness the users' client runs (HarnessConfig's
+    fields: production's own, e.g. configs/agent_sft.toml's [harness] that the warm start was
+    trained with). When given, `max_steps`, `max_tokens` and `temperature` above are not used: the
+    table's values (or HarnessConfig's defaults) are. None: a default harness with those three."""
     ray_address: str = ""
     """scripted, ray: a cluster to join ("HOST:PORT" of `ray start --head`, or "auto"). The loop's
     server listens on loopback, so only raylets on this machine can run sessions (see
     etude.loop.users._on_ray)."""
+
+    def sampling_temperature(self) -> float:
+        """The users' sampling temperature (the trainer scores tokens at the same one)."""
+        return self.harness.temperature if self.harness is not None else self.temperature
 
     def __post_init__(self) -> None:
         if self.executor not in ("ray", "threads"):
@@ -103,6 +113,21 @@ class DistillSection:
     """policy versions behind production an interaction may be and still be trained on."""
     latency_budget_s: float = 20.0
     """latency at which the latency reward term reaches -1."""
+    weights: dict[str, float] | None = None
+    """reward weights merged over etude.rewards' defaults (e.g. `{ repeated_calls = 1.0,
+    broken_calls = 1.0 }` for a cycle whose primary metric is a behaviour); None: the defaults."""
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:
+            unknown = sorted(set(self.weights) - set(RewardConfig().weights))
+            if unknown:
+                raise EtudeError(f"[distill] weights: unknown reward term(s) {', '.join(unknown)}; known: "
+                                 f"{', '.join(sorted(RewardConfig().weights))}")
+            RewardConfig.from_dict({"weights": self.weights}, "distill.weights")  # non-numeric: one line
+
+    def reward_config(self) -> RewardConfig | None:
+        """The distiller's reward (None: etude.rewards' defaults)."""
+        return None if self.weights is None else RewardConfig.from_dict({"weights": self.weights}, "distill")
 
 
 @dataclass(frozen=True)
@@ -372,6 +397,10 @@ class LoopConfig:
     allow_test_split: bool = False
     """Let the traffic tasks or the gate suite hold sealed test-split packages (etude.tasks.seal);
     the cycle is then marked contaminated in its state and report."""
+    candidate: str = ""
+    """a model directory to canary instead of training one from the cycle's traffic (a model trained
+    elsewhere; `etude loop --candidate DIR`): the train stage records it and trains nothing, and the
+    collect window is kept (distilled, recorded) but may be empty. "": train the candidate."""
 
     def for_org(self, org: str) -> LoopConfig:
         """This config specialised for `org` (what `--org` runs): its own cycle directories under

@@ -285,16 +285,23 @@ class _Cycle:
     def stage_distill(self) -> None:
         c = self.state.stage("collect")["outputs"]
         dc = DistillConfig(max_staleness=self.cfg.distill.max_staleness,
-                           latency_budget_s=self.cfg.distill.latency_budget_s)
+                           latency_budget_s=self.cfg.distill.latency_budget_s,
+                           reward=self.cfg.distill.reward_config())
         res = distill(self.store, self.cfg.org, (c["since"], c["until"]), dc)
         path = self.dir / "samples.jsonl"
         _write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in res))
         _write_text(self.dir / "episodes.jsonl", episodes_jsonl(res, self.cfg.train.baseline))  # what the trainer replays
         self.state.finish("distill", summary=res.summary(), path=str(path))
-        if len(res) < self.cfg.train.min_samples:
+        if len(res) < self.cfg.train.min_samples and not self.cfg.candidate:
             self._skip_rest("distill", f"{len(res)} samples < train.min_samples {self.cfg.train.min_samples}", "skip")
 
     def stage_train(self) -> None:
+        if self.cfg.candidate:  # trained elsewhere: canary it as it is
+            if not Path(self.cfg.candidate).is_dir():
+                raise EtudeError(f"--candidate {self.cfg.candidate}: not a model directory")
+            self.state.finish("train", checkpoint=str(Path(self.cfg.candidate).resolve()), given=True, steps=0,
+                              samples=0, base=self.prod["path"], adapter=is_adapter(self.cfg.candidate), history=[])
+            return
         cp = specialised_candidate(self.store, self.cfg.org) if self.cfg.specialise else None
         if cp is not None:  # `etude specialise --register` trained it: canary that adapter, train nothing
             self.state.data["base"] = {"name": cp.meta.get("base"), "path": cp.meta["base"]}
@@ -302,7 +309,7 @@ class _Cycle:
                               samples=0, adapter=True, history=[])
             return
         summ = train_candidate(self.dir / "episodes.jsonl", self._base(), self.dir / "train", self.cfg.train,
-                               temperature=self.cfg.traffic.temperature, seed=self.cfg.seed + self.index,
+                               temperature=self.cfg.traffic.sampling_temperature(), seed=self.cfg.seed + self.index,
                                lora=self.cfg.specialise)
         self.state.finish("train", **summ)
 
@@ -503,7 +510,7 @@ def gate_eval_config(cfg: LoopConfig, *, progress: bool = False) -> EvalConfig:
     gate and for anyone measuring the same way."""
     e = cfg.eval
     h = e.harness or HarnessConfig(max_steps=e.max_steps, max_tokens_per_turn=e.max_tokens,
-                                   temperature=cfg.traffic.temperature)
+                                   temperature=cfg.traffic.sampling_temperature())
     if e.verify_edits:
         h = h.replace(verify_edits=e.verify_edits)
     return EvalConfig(workers=e.workers, samples=1, max_tasks=e.max_tasks, report=False, progress=progress, harness=h,
@@ -532,7 +539,7 @@ def builtin_traffic(ctx: TrafficContext) -> Any:
                               sessions_per_user=t.sessions_per_user, model=cfg.users,
                               start=slot * t.sessions_per_user, max_steps=t.max_steps, max_tokens=t.max_tokens,
                               temperature=t.temperature, concurrency=t.concurrency, progress=ctx.progress,
-                              executor=t.executor, ray_address=t.ray_address or None)
+                              executor=t.executor, ray_address=t.ray_address or None, harness=t.harness)
     if t.kind == "command":
         env = {**os.environ, "ETUDE_LOOP_PHASE": ctx.phase, "ETUDE_LOOP_ROUND": str(ctx.round), "ETUDE_DB": ctx.db,
                "ETUDE_API_KEY": ctx.api_key, "ETUDE_LOOP_ORG": ctx.org}

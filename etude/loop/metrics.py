@@ -35,9 +35,12 @@ EDIT_TOOLS = ("edit_file", "write_file")
 ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
 
 
-def interaction_facts(store: Any, org: str, experiment_id: str) -> list[dict[str, Any]]:
-    """One dict per interaction of the experiment: user, arm, and the per-interaction counts."""
-    rows = store.interactions(org=org, experiment_id=experiment_id, with_messages=True)
+def interaction_facts(store: Any, org: str, experiment_id: str | None, *, since: float | None = None,
+                      until: float | None = None) -> list[dict[str, Any]]:
+    """One dict per interaction of the experiment (None: of any, e.g. a cycle's collect window
+    [since, until) on production alone, whose facts have no arm): user, arm, and the
+    per-interaction counts."""
+    rows = store.interactions(org=org, experiment_id=experiment_id, since=since, until=until, with_messages=True)
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in store.feedback(org=org, interaction_ids=[r["id"] for r in rows]):
         events[e["interaction_id"]].append(e)

@@ -90,10 +90,11 @@ def run_population(base_url: str, api_key: str, users: Sequence[SimUser], *, rou
                    sessions_per_user: int = 1, model: UserModel | None = None, start: int = 0,
                    served_model: str = "auto", max_steps: int = 2, max_tokens: int = 32, temperature: float = 0.7,
                    concurrency: int = 2, progress: bool = False, executor: str = "threads",
-                   ray_address: str | None = None) -> list[dict[str, Any]]:
+                   ray_address: str | None = None, harness: HarnessConfig | None = None) -> list[dict[str, Any]]:
     """Each user runs `sessions_per_user` sessions: requests start + k of their stream. One
     record per session, in the order of `users`; a session that fails is recorded with its error,
-    the others go on. `executor`: "threads" (a pool in this process) or "ray" (each session a Ray
+    the others go on. `harness`: the client's agent harness (None: a default one with `max_steps`,
+    `max_tokens` and `temperature`). `executor`: "threads" (a pool in this process) or "ray" (each session a Ray
     task, `concurrency` at a time; `ray_address` joins a cluster, else a local Ray is started for
     the call; see `_on_ray`)."""
     if executor not in ("threads", "ray"):
@@ -101,8 +102,9 @@ def run_population(base_url: str, api_key: str, users: Sequence[SimUser], *, rou
     um = model or UserModel()
     specs = [SessionSpec(u, u.request(start + k), start + k, session_rng(u, round_key, start + k))
              for u in users for k in range(sessions_per_user)]
-    run = _Runner(base_url, api_key, served_model, um, HarnessConfig(
-        max_steps=max_steps, max_tokens_per_turn=max_tokens, temperature=temperature, time_limit_s=300.0))
+    hcfg = harness or HarnessConfig(max_steps=max_steps, max_tokens_per_turn=max_tokens, temperature=temperature,
+                                    time_limit_s=300.0)
+    run = _Runner(base_url, api_key, served_model, um, hcfg)
     with _bar(progress, len(specs)) as advance:
         if executor == "ray":
             return _on_ray(run, specs, concurrency, ray_address, advance)

@@ -136,14 +136,17 @@ def repeats(trajectory: Trajectory) -> int:
     """The trajectory's own tool calls that repeat an identical call (same tool, same arguments)
     made earlier in its conversation: a wasted turn. In a logged production turn the earlier
     calls are the request's history; in an episode, its earlier turns."""
-    own = {ex.call.id for ex in trajectory.tool_calls}
-    seen: set[str] = set()
+    own = [ex.call for t in trajectory.turns for ex in t.tool_executions]  # in the order they were made
+    ids = {c.id for c in own}
+    # earlier calls: the conversation's structured calls that are not the trajectory's own (a text-format
+    # model's own calls live only in its turns: its assistant messages keep the raw text, no tool_calls)
+    seen = {_call_key(c.name, c.arguments) for m in trajectory.messages if m.role == "assistant"
+            for c in m.tool_calls if c.id not in ids}
     n = 0
-    for m in trajectory.messages:
-        for c in m.tool_calls if m.role == "assistant" else ():
-            key = _call_key(c.name, c.arguments)
-            n += key in seen and c.id in own
-            seen.add(key)
+    for c in own:
+        key = _call_key(c.name, c.arguments)
+        n += key in seen
+        seen.add(key)
     return n
 
 

@@ -32,6 +32,9 @@ def test_shipped_tiny_config_loads() -> None:
     ("[server]\nbackend = \"tensorrt\"\n", "[server] backend must be one of hf, vllm, not 'tensorrt'"),
     ("[server]\nmax_batch = 0\n", "[server] max_batch must be >= 1"),
     ("[server]\nbakend = \"vllm\"\n", "unknown key(s) in [server]: bakend"),
+    ("[distill]\nweights = { repeatd_calls = 1.0 }\n", "[distill] weights: unknown reward term(s) repeatd_calls"),
+    ("[distill]\nweights = { repeated_calls = \"high\" }\n", "distill.weights.weights values must be numbers"),
+    ("[traffic.harness]\nmax_stepz = 3\n", "unknown key(s) in [traffic.harness]: max_stepz"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
     p = tmp_path / "c.toml"
@@ -110,3 +113,24 @@ def test_eval_backend_is_the_gates_engine_and_part_of_its_cache_key(tmp_path: Pa
     p.write_text('[eval]\nbackend = "tpu"\n')
     with pytest.raises(EtudeError, match=r"\[eval\] backend"):
         LoopConfig.from_toml(p)
+
+
+def test_behaviour_config_runs_productions_harness_and_weights_the_behaviour_first(tmp_path: Path) -> None:
+    cfg = LoopConfig.from_toml(ROOT / "configs" / "loop_behaviour.toml")
+    h = cfg.traffic.harness
+    assert h is not None and h.tools == ("read_file", "edit_file", "grep", "run_terminal", "semantic_search")
+    assert cfg.traffic.sampling_temperature() == h.temperature == 0.7
+    w = cfg.distill.reward_config().weights
+    assert w["repeated_calls"] == w["broken_calls"] == 1.0 and w["followup"] == 0.5  # merged over the defaults
+    assert cfg.canary.primary == "repeat_rate" and not cfg.canary.primary_higher_is_better
+    assert LoopConfig().distill.reward_config() is None  # no table: the rewards' defaults
+    # without [traffic.harness] the users' sampling temperature is [traffic] temperature
+    p = tmp_path / "c.toml"
+    p.write_text("[traffic]\ntemperature = 0.3\n")
+    assert LoopConfig.from_toml(p).traffic.sampling_temperature() == 0.3
+
+
+def test_cli_candidate_must_be_a_model_directory(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "etude.cli", "loop", "--config", str(ROOT / "configs" / "loop_tiny.toml"),
+                        "--candidate", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "not a model directory" in r.stderr

@@ -181,3 +181,17 @@ def test_an_identical_call_made_again_is_a_wasted_turn_and_costs():
                  turn(ex("read_file", path="a.py")))
     assert repeats(twice) == 2 and repeated_calls(twice, cfg) == -0.5
     assert cfg.weights["repeated_calls"] > 0
+    # a text-format model's episode: its assistant messages keep the raw text and carry no tool_calls,
+    # so its own calls are read from its turns (before stop 52 they were missed: always 0)
+    import dataclasses
+
+    from etude.types import Message
+    text_only = dataclasses.replace(twice, messages=tuple(
+        Message(role=m.role, content=m.content, tool_call_id=m.tool_call_id) for m in twice.messages))
+    assert repeats(text_only) == 2
+    # a logged production turn: the request's earlier calls are history, the turn's own call repeats one
+    hist = traj(turn(ex("grep", pattern="x")), final=None)
+    own = ex("grep", pattern="x")
+    logged = dataclasses.replace(hist, messages=(*hist.messages, Message(role="assistant", content="", tool_calls=(own.call,))),
+                                 turns=(dataclasses.replace(hist.turns[0], index=0, tool_executions=(own,)),))
+    assert repeats(logged) == 1
