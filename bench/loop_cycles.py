@@ -87,6 +87,7 @@ from etude.policy.models import load_model
 from etude.provenance import provenance
 from etude.rewards.terms import repeats
 from etude.store import open_store
+from etude.train.metrics import read_metrics
 from etude.train.sft import run_sft
 from etude.train.sft_config import load_sft_config
 from etude.types import Message
@@ -131,7 +132,7 @@ class Sizes(NamedTuple):
     aa_splits: int  # A/A re-deals per cycle
     mde: float  # cycle 1's relative effect on the primary metric
     user_cv: float  # cycle 1's assumed per-user coefficient of variation
-    hack_steps: int = 12  # SFT steps of each hack candidate
+    hack_steps: int = 8  # SFT steps of each hack candidate (4 prompts a step)
     hack_users: int = 18  # users of a hack cycle's one canary round (a hack moves its indicator a lot)
     hack_mde: float = 0.7  # the effect a hack cycle's plan is for (18 users reach its 9 an arm)
 
@@ -217,10 +218,14 @@ def decided_by(reason: str, basis: str | None) -> str:
 
 
 def hack_model(kind: str, base: str, samples: Path, out: Path, steps: int, seed: int) -> tuple[Path, dict[str, Any]]:
-    """HACKS[kind]'s candidate: LoRA SFT of `base` on the prompts of `samples` (a cycle's distilled
-    production samples), every completion replaced by the hack's text, merged into a model directory."""
+    """HACKS[kind]'s candidate: LoRA SFT of `base` on the shortest prompts of `samples` (a cycle's
+    distilled production samples), every completion replaced by the hack's text, for `steps` steps of
+    4, merged into a model directory."""
     merged = out / "model"
-    prompts = sorted({tuple(json.loads(ln)["prompt_token_ids"]) for ln in samples.read_text().splitlines() if ln.strip()})
+    # the shortest distinct prompts, one batch of 4 per step: a session's first turns (the request
+    # with no history yet), where a hack shows at once, and the cheapest to train on two cores
+    prompts = sorted({tuple(json.loads(ln)["prompt_token_ids"]) for ln in samples.read_text().splitlines()
+                      if ln.strip()}, key=len)[:4 * steps]
     if not prompts:
         raise EtudeError(f"{samples}: no logged prompt to train the {kind} candidate on")
     text = HACKS[kind][0]
@@ -261,6 +266,24 @@ def episode_measures(run: Path, arm: str, cycle: str) -> list[dict[str, Any]]:
                     "repeat_share": rep / max(1, n_turns), "broken_share": broken / max(1, n_turns),
                     "tokens": eff.get("tokens")})
     return out
+
+
+BEHAVIOUR_TERMS = ("repeated_calls", "broken_calls", "needless_clarification", "parallelism", "latency")
+
+
+def first_weights(samples: Path) -> dict[str, float] | None:
+    """The behaviour terms' weights distillation scored a cycle's samples with (None: no sample)."""
+    if not samples.is_file():
+        return None
+    line = next((ln for ln in samples.read_text().splitlines() if ln.strip()), None)
+    weights = json.loads(line)["reward"]["weights"] if line else None
+    return {k: weights[k] for k in BEHAVIOUR_TERMS if k in weights} if weights else None
+
+
+def train_lr(train_dir: Path) -> float | None:
+    """The learning rate of a cycle's last training step, from its metrics (None: not trained)."""
+    lrs = [r["lr"] for r in read_metrics(train_dir) if r.get("kind") == "train" and "lr" in r] if train_dir.is_dir() else []
+    return float(lrs[-1]) if lrs else None
 
 
 def verdict_of(recs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -404,7 +427,8 @@ class Bench:
             "true_promotion": int(promoted and bool(verdict and verdict["confirmed"])),
             "false_promotion": int(promoted and not (verdict and verdict["confirmed"])),
             "missed_improvement": int(rep.get("decision") == "rollback" and bool(verdict and verdict["confirmed"])),
-            "wall_s": float(rep.get("wall_s") or 0.0)})
+            # the stages' own seconds (a rerun of the bench that resumes a finished cycle redoes none)
+            "wall_s": sum(float(st.get("wall_s") or 0.0) for st in rep["stages"].values())})
         self.add_cycle_records(rep, traffic, conf)
         self.records += [{"record": "aa_split", "cycle": name, "split": o["split"], "outcome": o["outcome"],
                           "promote": int(o["outcome"] == "promote"),
@@ -419,7 +443,11 @@ class Bench:
             "decision": rep.get("decision"), "reason": rep.get("reason"), "basis": rep.get("basis"),
             "plan": plan, "settled": rep.get("plan"), "collect_user_cv": measured_cv,
             "readout_settings": self.readout_settings(rep),
+            # the config the cycle was created with; a rerun of the bench may resume it with --set changes,
+            # so what distillation actually weighed is read from its samples
             "config": {k: state["config"][k] for k in ("train", "distill", "traffic", "canary")},
+            "distill_weights": first_weights(Path(rep["cycle_dir"]) / "samples.jsonl"),
+            "train_lr": train_lr(Path(rep["cycle_dir"]) / "train"),
             "distill": rep.get("distill"), "train": {k: v for k, v in (rep.get("train") or {}).items() if k != "history"},
             "train_history": (rep.get("train") or {}).get("history"), "gate": rep.get("eval"),
             "alarms": rep.get("alarms"), "arm_ratios": rep.get("arm_ratios"), "verdict": verdict,
