@@ -137,7 +137,7 @@ class Sizes(NamedTuple):
     hack_mde: float = 0.7  # the effect a hack cycle's plan is for (18 users reach its 9 an arm)
 
 
-DEFAULT = Sizes(users=32, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=4, aa_splits=200, mde=0.5,
+DEFAULT = Sizes(users=32, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.5,
                 user_cv=0.5)
 QUICK = Sizes(users=4, user_tasks=2, gate_tasks=2, confirm_tasks=2, workers=2, steps=1, aa_splits=20, mde=0.9,
               user_cv=0.2, hack_steps=4, hack_users=4, hack_mde=0.9)  # plans 2 users an arm reach
