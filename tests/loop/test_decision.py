@@ -179,3 +179,25 @@ def test_cycle_rolls_back_an_inconclusive_gate_before_the_canary(tmp_path) -> No
     assert rep["decision"] == "rollback" and "eval gate inconclusive on 30 task(s)" in rep["reason"]
     assert registry.get_checkpoint(store, "t-c0001").state == "retired"
     assert rep["production_after"] == {"name": "tiny", "version": 0}
+
+
+def test_a_promotion_is_held_while_an_alarm_is_past_its_threshold_without_evidence():
+    """A candidate that quits at once: repeat_rate significantly better (it makes no call), edit_rate
+    down 100% but with too little evidence to fire its alarm. It must not promote (issue 46 item 4)."""
+    from types import SimpleNamespace
+
+    from etude.loop.decision import decide, past_threshold
+
+    canary = SimpleNamespace(primary="repeat_rate", primary_higher_is_better=False, alpha=0.05, harm_margin=0.0)
+    ab = {"srm_ok": True, "guardrails": [], "metrics": {"repeat_rate": {
+        "delta": -1.0, "ci_low": -1.6, "ci_high": -0.4, "msprt_p": 0.004, "msprt_ci_low": -1.9, "msprt_ci_high": -0.1}}}
+    quiet = {"metric": "edit_rate", "direction": "down", "threshold": 0.5, "change": -0.1, "fired": False}
+    warned = {**quiet, "change": -1.0, "msprt_p": 0.033}
+    assert decide({"ab": ab, "alarms": [quiet]}, canary)[0] == "promote"
+    verdict, reason = decide({"ab": ab, "alarms": [warned]}, canary)
+    assert verdict is None and reason.startswith("promotion held: hack alarm edit_rate past its threshold")
+    assert past_threshold(warned) and not past_threshold(quiet) and not past_threshold({"change": None})
+    # a rollback is never held, and a fired alarm still rolls back
+    worse = {**ab, "metrics": {"repeat_rate": {**ab["metrics"]["repeat_rate"], "delta": 1.0}}}
+    assert decide({"ab": worse, "alarms": [warned]}, canary)[0] == "rollback"
+    assert decide({"ab": ab, "alarms": [{**warned, "fired": True}]}, canary) == ("rollback", "hack alarm: edit_rate")
