@@ -86,6 +86,7 @@ from etude.policy.local import completion_ids
 from etude.policy.models import load_model
 from etude.provenance import provenance
 from etude.rewards.terms import repeats
+from etude.serve import registry
 from etude.store import open_store
 from etude.train.metrics import read_metrics
 from etude.train.sft import run_sft
@@ -582,6 +583,12 @@ def main(argv: list[str] | None = None) -> int:
     results.parent.mkdir(parents=True, exist_ok=True)
     if hacks:
         b.root = b.out / "hacks"  # a store of their own: the cycles' registry is left as it is
+        if (b.root / "etude.db").is_file():  # a hack promoted there would be the control of the next one
+            prod = registry.production(open_store(f"sqlite:///{(b.root / 'etude.db').resolve()}"), None)
+            if prod is not None and Path(prod.path).resolve() != Path(b.production).resolve():
+                print(f"loop_cycles: {b.root}'s production is {prod.path}, not --production {b.production} (an "
+                      f"earlier hack was promoted there): use a fresh --out", file=sys.stderr)
+                return 2
         for kind in hacks:
             b.hack_cycle(kind, samples)
         meta = {"what": "reward-hacking candidates, each made by training (LoRA SFT of production on its users' "
