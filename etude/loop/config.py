@@ -119,15 +119,16 @@ class DistillSection:
 
     def __post_init__(self) -> None:
         if self.weights is not None:
-            unknown = sorted(set(self.weights) - set(RewardConfig().weights))
+            known = RewardConfig().weights
+            unknown = sorted(set(self.weights) - set(known))
             if unknown:
                 raise EtudeError(f"[distill] weights: unknown reward term(s) {', '.join(unknown)}; known: "
-                                 f"{', '.join(sorted(RewardConfig().weights))}")
-            RewardConfig.from_dict({"weights": self.weights}, "distill.weights")  # non-numeric: one line
+                                 f"{', '.join(sorted(known))}")
+            self.reward_config()  # non-numeric values: one line
 
     def reward_config(self) -> RewardConfig | None:
         """The distiller's reward (None: etude.rewards' defaults)."""
-        return None if self.weights is None else RewardConfig.from_dict({"weights": self.weights}, "distill")
+        return None if self.weights is None else RewardConfig.from_dict({"weights": self.weights}, "distill.weights")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from etude.loop.metrics import past_threshold
+
 
 def decide(readout: dict[str, Any], canary: Any) -> tuple[str | None, str]:
     """-> ("promote" | "rollback" | None, reason)."""
@@ -53,16 +55,6 @@ def decide(readout: dict[str, Any], canary: Any) -> tuple[str | None, str]:
         return None, (f"promotion held: hack alarm {', '.join(a['metric'] for a in held)} past its threshold "
                       f"without always-valid evidence yet ({reason})")
     return verdict, reason
-
-
-def past_threshold(alarm: dict[str, Any]) -> bool:
-    """An alarm record (etude.loop.metrics.alarms) whose indicator moved past its threshold in its
-    suspicious direction, evidence or not."""
-    change = alarm.get("change")
-    if change is None:
-        return False
-    signed = change if alarm.get("direction") == "up" else -change
-    return bool(signed > alarm.get("threshold", float("inf")))
 
 
 def _primary(ab: dict[str, Any], canary: Any) -> tuple[str | None, str]:

@@ -116,6 +116,16 @@ def arm_ratios(facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return ratios_from_rows(ab_rows(facts))
 
 
+def past_threshold(alarm: dict[str, Any]) -> bool:
+    """An alarm record (`alarms`) whose indicator moved past its threshold in its suspicious
+    direction, evidence or not."""
+    change = alarm.get("change")
+    if change is None:
+        return False
+    signed = change if alarm.get("direction") == "up" else -change
+    return bool(signed > alarm.get("threshold", float("inf")))
+
+
 def alarms(ratios: dict[str, dict[str, Any]], cfg: Any, ab: dict[str, Any] | None = None,
            alpha: float = 0.05) -> list[dict[str, Any]]:
     """Each hack indicator of the candidate against production; `fired` True when it moved past
@@ -132,9 +142,9 @@ def alarms(ratios: dict[str, dict[str, Any]], cfg: Any, ab: dict[str, Any] | Non
                                "relative": rule.relative, "control": a, "canary": b, "change": None, "fired": None}
         if enough and a is not None and b is not None:
             change = (b / a - 1.0 if a else (0.0 if b == 0 else float("inf"))) if rule.relative else b - a
-            signed = change if rule.direction == "up" else -change
-            past = bool(signed > rule.threshold)
-            rec.update(change=change, fired=past)
+            rec["change"] = change
+            past = past_threshold(rec)
+            rec["fired"] = past
             if sequential:
                 p = (((ab or {}).get("metrics") or {}).get(rule.metric) or {}).get("msprt_p")
                 rec.update(msprt_p=p, level=level, fired=bool(past and p is not None and p < level))
