@@ -290,7 +290,9 @@ class _Cycle:
         res = distill(self.store, self.cfg.org, (c["since"], c["until"]), dc)
         path = self.dir / "samples.jsonl"
         _write_text(path, "".join(json.dumps(s.to_dict()) + "\n" for s in res))
-        _write_text(self.dir / "episodes.jsonl", episodes_jsonl(res, self.cfg.train.baseline))  # what the trainer replays
+        # what the trainer replays
+        _write_text(self.dir / "episodes.jsonl",
+                    episodes_jsonl(res, self.cfg.train.baseline, self.cfg.train.negative_weight))
         self.state.finish("distill", summary=res.summary(), path=str(path))
         if len(res) < self.cfg.train.min_samples and not self.cfg.candidate:
             self._skip_rest("distill", f"{len(res)} samples < train.min_samples {self.cfg.train.min_samples}", "skip")

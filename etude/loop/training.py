@@ -60,19 +60,21 @@ def loo_rewards(samples: Sequence[ScoredSample]) -> list[float | None]:
     return out
 
 
-def episodes_jsonl(samples: Iterable[ScoredSample], baseline: str = "running") -> str:
+def episodes_jsonl(samples: Iterable[ScoredSample], baseline: str = "running", negative_weight: float = 1.0) -> str:
     """The learner's episodes file: one `ScoredSample.to_episode().to_dict()` per line. With
     `baseline = "loo"`, a sample whose request was answered more than once in the window carries
-    its leave-one-out advantage as its reward (family "production-loo", so the trainer's running
-    mean, kept per family, stays near zero for them); its raw reward is in meta["raw_reward"]."""
+    its leave-one-out advantage as its reward (family "production-loo", meta["baseline"] = "loo":
+    the trainer uses it as the advantage, not re-centred), a negative one times `negative_weight`;
+    its raw reward is in meta["raw_reward"], its advantage before the factor in meta["loo_advantage"]."""
     samples = list(samples)
     centred = loo_rewards(samples) if baseline == "loo" else [None] * len(samples)
     lines = []
     for s, adv in zip(samples, centred, strict=True):
         ep = s.to_episode()
         if adv is not None:
-            ep = dataclasses.replace(ep, reward=adv, family="production-loo",
-                                     meta={**ep.meta, "raw_reward": ep.reward, "baseline": "loo"})
+            ep = dataclasses.replace(ep, reward=adv if adv >= 0 else adv * negative_weight, family="production-loo",
+                                     meta={**ep.meta, "raw_reward": ep.reward, "baseline": "loo",
+                                           "loo_advantage": adv})
         lines.append(json.dumps(ep.to_dict()) + "\n")
     return "".join(lines)
 

@@ -50,7 +50,14 @@ def to_samples(cfg: TrainConfig, batch: RolloutBatch, baseline: RunningBaseline)
     eps = batch.episodes
     rewards = [e.reward for e in eps]
     if cfg.advantage == "baseline":
-        adv = baseline.advantages(rewards, [e.family for e in eps])
+        # an episode that carries its own baseline (meta["baseline"], e.g. the real-time loop's
+        # leave-one-out over other sessions of its request) is already an advantage: not re-centred
+        own = {i for i, e in enumerate(eps) if e.meta.get("baseline")}
+        rest = [i for i in range(len(eps)) if i not in own]
+        adv = list(rewards)
+        for i, a in zip(rest, baseline.advantages([rewards[i] for i in rest], [eps[i].family for i in rest]),
+                        strict=True):
+            adv[i] = a
     else:
         groups = [i // cfg.group_size for i in range(len(eps))]
         adv = group_advantages(rewards, groups, scale=cfg.advantage == "grpo")
