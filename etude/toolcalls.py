@@ -1,4 +1,6 @@
-"""Turn model output into tool calls: `<tool_call>{json}</tool_call>` text and OpenAI `tool_calls`.
+"""Turn model output into tool calls: `<tool_call>{json}</tool_call>` text, OpenAI `tool_calls`,
+and the native text formats of two more model families: Mistral's `[TOOL_CALLS]` and Llama 3.x's
+JSON (`{"name": ..., "parameters": {...}}`, optionally after `<|python_tag|>`).
 
 What this guarantees: every call the model attempted ends up either as a well-formed `ToolCall`
 (name is a non-empty string, arguments a JSON object) or as one error string that says what was
@@ -15,8 +17,16 @@ Decisions (documented in docs/harness.md):
 - Unknown tool names are errors only when the caller passes `tools=`; the harness instead lets
   execution refuse them so the refusal carries the call id (see loop.py).
 
-What it does not do: guess calls from bare JSON outside `<tool_call>` tags, or accept the
-`<function=...>` and other vendor formats.
+- "mistral": text after `[TOOL_CALLS]` is either a JSON list of `{"name", "arguments"}` (the v3
+  tokenizer's form) or `name[ARGS]{json}` (with `[CALL_ID]id` before `[ARGS]` in some versions),
+  one per `[TOOL_CALLS]`; the text before the first marker is the free text.
+- "llama3_json": an output that starts with `<|python_tag|>` or `{` is calls: JSON objects with
+  "name" and "parameters" (or "arguments"), several separated by ";". Anything else is text.
+- `template_format(chat_template)` says which text format a model's chat template writes.
+
+What it does not do: guess calls from bare JSON outside `<tool_call>` tags (except in the
+"llama3_json" format, where that is the format), or accept `<function=...>` and other vendor
+formats.
 
 It sits at the bottom layer, beside `types`: policy backends (which decode native OpenAI
 `tool_calls`) and the harness (which parses text) both read it; `etude.harness` re-exports it.
@@ -24,6 +34,7 @@ It sits at the bottom layer, beside `types`: policy backends (which decode nativ
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Collection, Sequence
@@ -31,8 +42,11 @@ from typing import Any, Literal
 
 from etude.types import ParseResult, ToolCall
 
-Format = Literal["auto", "openai", "hermes"]
-FORMATS: tuple[str, ...] = ("auto", "openai", "hermes")
+Format = Literal["auto", "openai", "hermes", "mistral", "llama3_json"]
+FORMATS: tuple[str, ...] = ("auto", "openai", "hermes", "mistral", "llama3_json")
+TEXT_FORMATS: tuple[str, ...] = ("hermes", "mistral", "llama3_json")
+MISTRAL_TAG = "[TOOL_CALLS]"
+PYTHON_TAG = "<|python_tag|>"
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
@@ -45,19 +59,80 @@ _SNIPPET = 80
 def parse_output(
     text: str, fmt: str = "auto", *, tools: Collection[str] | None = None, id_prefix: str = "call_"
 ) -> ParseResult:
-    """Read one model output. `fmt`: "hermes" (`<tool_call>` text), "openai" (a chat-completions
-    response, message, or `tool_calls` list as JSON), or "auto" (openai when the text is such
-    JSON, hermes otherwise). With `tools`, calls to other names are errors."""
+    """Read one model output. `fmt`: "hermes" (`<tool_call>` text), "mistral", "llama3_json" (the
+    families' native text), "openai" (a chat-completions response, message, or `tool_calls` list
+    as JSON), or "auto" (openai when the text is such JSON, hermes otherwise). With `tools`, calls
+    to other names are errors."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    if fmt == "hermes":
-        return parse_hermes(text, tools=tools, id_prefix=id_prefix)
+    if fmt in TEXT_FORMATS:
+        return parse_text(text, fmt, tools=tools, id_prefix=id_prefix)
     obj = _openai_json(text)
     if fmt == "openai" and obj is None:
         return ParseResult(text=text, errors=("output is not an OpenAI message, response or tool_calls list as JSON",))
     if obj is None:
         return parse_hermes(text, tools=tools, id_prefix=id_prefix)
     return _parse_openai_obj(obj, tools=tools)
+
+
+def parse_text(text: str, fmt: str = "hermes", *, tools: Collection[str] | None = None,
+               id_prefix: str = "call_") -> ParseResult:
+    """One text-format output in `fmt` (one of TEXT_FORMATS)."""
+    if fmt == "mistral":
+        return parse_mistral(text, tools=tools, id_prefix=id_prefix)
+    if fmt == "llama3_json":
+        return parse_llama3_json(text, tools=tools, id_prefix=id_prefix)
+    if fmt != "hermes":
+        raise ValueError(f"unknown text format {fmt!r}; expected one of {', '.join(TEXT_FORMATS)}")
+    return parse_hermes(text, tools=tools, id_prefix=id_prefix)
+
+
+@functools.lru_cache(maxsize=32)
+def template_format(chat_template: str | None) -> str:
+    """The text format a chat template writes assistant tool calls in: "mistral" when it emits
+    `[TOOL_CALLS]`, "llama3_json" when it is a Llama 3.x template that offers tools (its
+    `<|python_tag|>` or `"parameters"` calls), "hermes" otherwise (a `<tool_call>` template, or one
+    that writes no tool calls: etude then teaches `<tool_call>` in the system prompt)."""
+    t = chat_template or ""
+    if MISTRAL_TAG in t:
+        return "mistral"
+    if "<|start_header_id|>" in t and (PYTHON_TAG in t or '"parameters"' in t) and OPEN_TAG not in t:
+        return "llama3_json"
+    return "hermes"
+
+
+def text_format_of(model: Any) -> str:
+    """The text tool format of a policy or tokenizer: `template_format` of its chat template
+    ("hermes" when it has none, e.g. a remote model behind an OpenAI API)."""
+    for _ in range(4):  # a wrapper (a batcher's view, an adapter's view) holds the policy that has one
+        if isinstance(template := getattr(getattr(model, "tokenizer", model), "chat_template", None), str):
+            return template_format(template)
+        model = getattr(model, "inner", None) or getattr(model, "base", None) or getattr(model, "policy", None)
+        if model is None:
+            break
+    return "hermes"
+
+
+def render_calls(calls: Sequence[ToolCall], fmt: str = "hermes") -> str:
+    """Calls as a text-format model writes them in `fmt` (what `parse_text` reads back)."""
+    if not calls:
+        return ""
+    if fmt == "mistral":
+        return MISTRAL_TAG + json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+    if fmt == "llama3_json":
+        return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
+    return "\n".join(f"{OPEN_TAG}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE_TAG}"
+                     for c in calls)
+
+
+def writes_calls(text: str, fmt: str = "hermes") -> bool:
+    """Whether `text` already holds calls in `fmt`'s syntax (so they need not be rendered again)."""
+    if fmt == "mistral":
+        return MISTRAL_TAG in text
+    if fmt == "llama3_json":
+        s = text.strip()
+        return s.startswith(PYTHON_TAG) or s.startswith("{")
+    return OPEN_TAG in text
 
 
 # ---------------------------------------------------------------- hermes: <tool_call>{json}</tool_call>
@@ -168,6 +243,91 @@ def _snippet(s: str) -> str:
 def _join_text(pieces: Sequence[str]) -> str:
     text = "\n".join(p.strip() for p in pieces if p.strip())
     return _EMPTY_FENCE.sub("", text).strip()  # a fence that only held calls leaves nothing behind
+
+
+# ---------------------------------------------------------------- mistral: [TOOL_CALLS]...
+
+
+_MISTRAL_NAMED = re.compile(r"\s*([A-Za-z_][\w.-]*)\s*(?:\[CALL_ID\]\s*([A-Za-z0-9_-]*)\s*)?\[ARGS\]")
+
+
+def parse_mistral(text: str, *, tools: Collection[str] | None = None, id_prefix: str = "call_") -> ParseResult:
+    """Parse Mistral's native calls: `[TOOL_CALLS][{"name", "arguments"}, ...]` or, one per marker,
+    `[TOOL_CALLS]name[ARGS]{json}`. The text before the first marker is the free text."""
+    head, *parts = text.split(MISTRAL_TAG)
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+
+    def add(obj: Any, given_id: str | None = None) -> None:
+        cid = given_id or f"{id_prefix}{len(calls) + len(errors)}"
+        call, err = _call_from_obj(obj, cid, tools)
+        if err:
+            errors.append(f"tool call {len(calls) + len(errors) + 1}: {err}")
+        if call:
+            calls.append(call)
+
+    for part in parts:
+        body = part.strip()
+        if not body:
+            errors.append(f"tool call {len(calls) + len(errors) + 1}: {MISTRAL_TAG} with nothing after it")
+            continue
+        named = _MISTRAL_NAMED.match(part)
+        if named:
+            src = part[named.end():].strip()
+            try:
+                args = json.loads(src) if src else {}
+            except json.JSONDecodeError as e:
+                errors.append(f"tool call {len(calls) + len(errors) + 1}: {named.group(1)}: arguments are "
+                              + _json_error(e, src))
+                continue
+            add({"name": named.group(1), "arguments": args}, named.group(2) or None)
+            continue
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as e:
+            errors.append(f"tool call {len(calls) + len(errors) + 1}: after {MISTRAL_TAG}, {_json_error(e, body)}")
+            continue
+        for item in obj if isinstance(obj, list) else [obj]:
+            add(item, str(item["id"]) if isinstance(item, dict) and item.get("id") else None)
+    return ParseResult(text=head.strip(), tool_calls=tuple(calls), errors=tuple(errors))
+
+
+# ---------------------------------------------------------------- llama 3.x: {"name", "parameters"}
+
+
+def parse_llama3_json(text: str, *, tools: Collection[str] | None = None, id_prefix: str = "call_") -> ParseResult:
+    """Parse Llama 3.x's JSON calls: an output that starts with `<|python_tag|>` or `{` holds one
+    or more `{"name": ..., "parameters": {...}}` objects separated by ";" (or whitespace); any
+    other output is text."""
+    body = text.strip()
+    tagged = body.startswith(PYTHON_TAG)
+    body = body.removeprefix(PYTHON_TAG).strip()
+    if not (tagged or body.startswith("{")):
+        return ParseResult(text=text.strip())
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    dec = json.JSONDecoder()
+    i = 0
+    while i < len(body):
+        while i < len(body) and (body[i].isspace() or body[i] == ";"):
+            i += 1
+        if i >= len(body):
+            break
+        n = len(calls) + len(errors) + 1
+        try:
+            obj, i = dec.raw_decode(body, i)
+        except json.JSONDecodeError as e:
+            errors.append(f"tool call {n}: {_json_error(e, body[i:])}")
+            break  # the rest cannot be split reliably
+        if isinstance(obj, dict) and "arguments" not in obj and "parameters" in obj:
+            obj = {**obj, "arguments": obj["parameters"]}
+            del obj["parameters"]
+        call, err = _call_from_obj(obj, f"{id_prefix}{n - 1}", tools)
+        if err:
+            errors.append(f"tool call {n}: {err}")
+        if call:
+            calls.append(call)
+    return ParseResult(text="", tool_calls=tuple(calls), errors=tuple(errors))
 
 
 # ---------------------------------------------------------------- one call object, either format

@@ -186,8 +186,9 @@ class ExpertPolicy(NativeToolsPolicy):
     native_tools = False
 
     def __init__(self, task: Task, template: Path, seed: int = 0, *, semantic_search: bool = True,
-                 wrong_first: bool = True, drill: bool = False, capped_reads: bool = False):
+                 wrong_first: bool = True, drill: bool = False, capped_reads: bool = False, tool_format: str = "hermes"):
         self.id, self.version = "expert", 0
+        self.tool_format = tool_format  # the text syntax of its calls: the trained model's (etude.toolcalls)
         self.task = task
         # capped_reads: the harness's read_file shows READ_LINES lines at most (`read_capped`), so
         # every read names its start_line alone, copied from what is on screen (see the module doc)
@@ -211,7 +212,7 @@ class ExpertPolicy(NativeToolsPolicy):
         if k == self.decoy_check and messages and messages[-1].role == "tool":
             self.decoy_failed = bool(_FAILED.search(messages[-1].content))
         out = self.turns[k] if k < len(self.turns) else self.turns[-1]
-        text = out if isinstance(out, str) else render_tool_calls_text(out)
+        text = out if isinstance(out, str) else render_tool_calls_text(out, self.tool_format)
         return Generation(text=text, policy_id=self.id, policy_version=self.version)
 
     @property

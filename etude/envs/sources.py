@@ -33,6 +33,7 @@ from etude.tasks import seal
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.repo import prepare_repo
 from etude.tasks.schema import load_tasks
+from etude.toolcalls import TEXT_FORMATS
 from etude.types import Task, Trajectory
 
 Progress = Callable[[int, int], None]
@@ -120,19 +121,27 @@ def _per_task(tasks: Sequence[Task], out: Path, seed: int, workers: int, progres
     return cache.resolved()
 
 
+def _text_format(hc: HarnessConfig) -> str:
+    return hc.tool_format if hc.tool_format in TEXT_FORMATS else "hermes"
+
+
 def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, seed: int = 0, workers: int = 2,
                         progress: Progress | None = None) -> list[Trajectory]:
-    """Resolved expert trajectories, one per task that the expert can plan for (cached in `out`)."""
+    """Resolved expert trajectories, one per task that the expert can plan for (cached in `out`).
+    The expert writes its calls in `hc.tool_format` when that is a text format (the trained
+    model's: etude.train.sft resolves "auto"), else in `<tool_call>` text."""
     capped = read_capped(hc)
+    fmt = _text_format(hc)
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
         template = prepare_repo(t)
-        pol = ExpertPolicy.for_task(t, template, seed, capped_reads=capped)
+        pol = ExpertPolicy.for_task(t, template, seed, capped_reads=capped, tool_format=fmt)
         if pol is None:
             return None
         traj, outcome = run_episode(t, pol, hc)
         if pol.decoy_failed is False:  # its wrong fix passed the test: not a recovery to learn
-            pol = ExpertPolicy(t, template, seed, wrong_first=False, capped_reads=capped)  # a plan without one
+            pol = ExpertPolicy(t, template, seed, wrong_first=False, capped_reads=capped,
+                               tool_format=fmt)  # a plan without one
             traj, outcome = run_episode(t, pol, hc)
         if pol.untrained:
             traj = dataclasses.replace(traj, meta={**traj.meta, "untrained_turns": list(pol.untrained)})
@@ -151,9 +160,10 @@ def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, s
     (`meta.untrained_turns`): it would claim a result nobody checked. A drill whose edit the tool
     refused is dropped."""
     capped = read_capped(hc)
+    fmt = _text_format(hc)
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
-        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=capped)
+        pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=capped, tool_format=fmt)
         if pol is None:
             return None
         with open_task_episode(t) as ep:

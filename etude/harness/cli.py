@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 
 def parse(
-    fmt: Annotated[str, typer.Option("--format", help="auto | openai | hermes")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help="auto | openai | hermes | mistral | llama3_json")] = "auto",
     tools: Annotated[str | None, typer.Option("--tools", help="comma-separated tool names; calls to others are errors")] = None,
 ) -> None:
     """Parse model output on stdin; print {"text", "tool_calls": [{"id","name","arguments"}], "errors"} as JSON."""

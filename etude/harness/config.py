@@ -9,6 +9,7 @@ from typing import Any
 from etude.configfile import build
 from etude.errors import EtudeError
 from etude.protocols import ToolsConfig
+from etude.toolcalls import FORMATS
 
 # The tools an agent gets unless told otherwise. semantic_search loads its embedding model only
 # when the agent first calls it (and reuses the template's index), so offering it costs nothing.
@@ -48,10 +49,13 @@ class HarnessConfig:
     system_prompt: str | None = None
     """Replaces the default system text (the tool block is still appended for text-format models)."""
     tool_format: str = "auto"
-    """How tools are offered: "openai" passes schemas natively, "hermes" renders them into the
-    system prompt for `<tool_call>` text, "auto" picks "openai" iff the policy has
-    `native_tools = True`. Replies are read the same way in every mode: native
-    `Generation.tool_calls` when present, else `<tool_call>` blocks parsed from the text."""
+    """How tools are offered: "openai" passes schemas natively; "hermes", "mistral" or
+    "llama3_json" render them into the system prompt and read calls from the text in that family's
+    syntax (`<tool_call>{json}</tool_call>`, `[TOOL_CALLS][...]`, `{"name", "parameters"}`:
+    etude.toolcalls); "auto" picks "openai" iff the policy has `native_tools = True`, else the
+    text format the policy's chat template writes (etude.toolcalls.text_format_of: "hermes" for
+    SmolLM2 and any template without tool calls). Native `Generation.tool_calls` are taken as they
+    are in every mode."""
     max_observation_chars: int = 30000
     """A tool output longer than this is cut (head and tail kept) before the model sees it."""
     tool_prompt: str = "compact"
@@ -120,8 +124,8 @@ class HarnessConfig:
             raise EtudeError(f"tools_config must be a ToolsConfig or a table, not {type(self.tools_config).__name__}")
         if self.tool_prompt not in ("compact", "json"):
             raise EtudeError(f"tool_prompt must be compact or json, not {self.tool_prompt!r}")
-        if self.tool_format not in ("auto", "openai", "hermes"):
-            raise EtudeError(f"tool_format must be auto, openai or hermes, not {self.tool_format!r}")
+        if self.tool_format not in FORMATS:
+            raise EtudeError(f"tool_format must be one of {', '.join(FORMATS)}, not {self.tool_format!r}")
         if self.stop_on_repeats < 0:
             raise EtudeError(f"stop_on_repeats must be 0 or more, not {self.stop_on_repeats}")
         if self.verify_edits < 0:

@@ -43,7 +43,7 @@ from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
 from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
 from etude.protocols import Policy, ToolContext, native_tools, policy_name
-from etude.toolcalls import parse_hermes
+from etude.toolcalls import TEXT_FORMATS, parse_text, text_format_of
 from etude.tools import available, run_tool, tool_schemas
 from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
 
@@ -94,13 +94,15 @@ class _Episode:
         ctx = dataclasses.replace(ctx, config=cfg.tools_config)
         self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
         self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and native_tools(policy))
+        # the text syntax of calls: the configured family's, else the one the policy's template writes
+        self.text_format = cfg.tool_format if cfg.tool_format in TEXT_FORMATS else text_format_of(policy)
         self.schemas = _schemas(cfg)
         self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt,
-                                       history=history, tool_prompt=cfg.tool_prompt)
+                                       history=history, tool_prompt=cfg.tool_prompt, fmt=self.text_format)
         self.turns: list[Turn] = []
         self.stop: StopReason | None = None
         self.complete = False
-        self.meta: dict[str, Any] = {"request": request, "native_tools": self.native}
+        self.meta: dict[str, Any] = {"request": request, "native_tools": self.native, "tool_format": self.text_format}
         self.verify_ids = verify.named_tests(request) if cfg.verify_edits > 1 else ()
         self.verify_targets = verify.check_targets(self.verify_ids, cfg.verify_scope)
         self.prompt_tokens = self.completion_tokens = self.context_tokens = 0
@@ -233,7 +235,7 @@ class _Episode:
             calls = [c if c.id else ToolCall(f"call_{len(self.turns)}_{k}", c.name, c.arguments) for k, c in enumerate(gen.tool_calls)]
             errors = list(getattr(gen, "tool_call_errors", ()) or ())
             return calls, errors, Message(role="assistant", content=gen.text, tool_calls=tuple(calls))
-        res = parse_hermes(gen.text, id_prefix=f"call_{len(self.turns)}_")
+        res = parse_text(gen.text, self.text_format, id_prefix=f"call_{len(self.turns)}_")
         return list(res.tool_calls), list(res.errors), Message(role="assistant", content=gen.text)
 
     def _repeat_of(self, assistant: Message, observed: Sequence[Message], errors: Sequence[str]) -> int | None:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from etude.toolcalls import CLOSE_TAG, OPEN_TAG
+from etude.toolcalls import CLOSE_TAG, MISTRAL_TAG, OPEN_TAG, PYTHON_TAG, render_calls
 from etude.types import Message, ToolCall
 
 SUBMIT = "submit"
@@ -40,9 +40,11 @@ Paths are relative to the repository root. Several independent tool calls may go
 When you are done, call `submit` with a short summary, or reply with your answer and no tool call."""
 
 
-def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]], style: str = "compact") -> str:
+def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]], style: str = "compact", fmt: str = "hermes") -> str:
     """System-prompt text that offers `tool_schemas` (OpenAI format) to a model without native
-    tool support, and says how to call them: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`.
+    tool support, and says how to call them in text format `fmt` (etude.toolcalls.TEXT_FORMATS):
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (hermes), `[TOOL_CALLS][{"name": ...,
+    "arguments": {...}}]` (mistral) or `{"name": ..., "parameters": {...}}` (llama3_json).
 
     style "json" lists each schema as JSON; "compact" gives one line per tool,
     `name(arg: type, optional?: type): first sentence of the description` — about a quarter of the
@@ -53,24 +55,25 @@ def render_tools_prompt(tool_schemas: Sequence[dict[str, Any]], style: str = "co
     else:
         lines = [json.dumps(_function(s), sort_keys=True, ensure_ascii=False) for s in tool_schemas]
         intro = "You can call these tools. Their signatures, as JSON schema, one per line:"
+    return "\n".join(["# Tools", "", intro, "<tools>", *lines, "</tools>", "", *_how_to_call(fmt),
+                      "The results come back in the next message."])
+
+
+def _how_to_call(fmt: str) -> list[str]:
+    if fmt == "mistral":
+        example = json.dumps([{"name": "<tool name>", "arguments": {"<argument>": "<value>"}}])
+        return [f"To call tools, write {MISTRAL_TAG} followed by a JSON list of objects with each call's name and "
+                "arguments:", MISTRAL_TAG + example,
+                "Use strict JSON (double quotes, no trailing commas). Several calls go in the one list."]
+    if fmt == "llama3_json":
+        example = json.dumps({"name": "<tool name>", "parameters": {"<argument>": "<value>"}})
+        return ["To call a tool, reply with only a JSON object with its name and parameters (optionally after "
+                f"{PYTHON_TAG}):", example,
+                'Use strict JSON (double quotes, no trailing commas). Separate several calls with "; ".']
     example = json.dumps({"name": "<tool name>", "arguments": {"<argument>": "<value>"}})
-    return "\n".join(
-        [
-            "# Tools",
-            "",
-            intro,
-            "<tools>",
-            *lines,
-            "</tools>",
-            "",
-            f"To call a tool, write a JSON object with its name and arguments between {OPEN_TAG} and {CLOSE_TAG} tags:",
-            OPEN_TAG,
-            example,
-            CLOSE_TAG,
-            "Use strict JSON (double quotes, no trailing commas). You may write several such blocks in one reply.",
-            "The results come back in the next message.",
-        ]
-    )
+    return [f"To call a tool, write a JSON object with its name and arguments between {OPEN_TAG} and {CLOSE_TAG} tags:",
+            OPEN_TAG, example, CLOSE_TAG,
+            "Use strict JSON (double quotes, no trailing commas). You may write several such blocks in one reply."]
 
 
 def _compact(fn: dict[str, Any]) -> str:
@@ -90,21 +93,18 @@ def _function(schema: dict[str, Any]) -> dict[str, Any]:
     return schema.get("function", schema) if isinstance(schema.get("function"), dict) else schema
 
 
-def render_tool_calls_text(calls: Iterable[ToolCall]) -> str:
-    """The canonical text form of tool calls (what a text-format model is trained to write)."""
-    return "\n".join(
-        f"{OPEN_TAG}\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n{CLOSE_TAG}"
-        for c in calls
-    )
+def render_tool_calls_text(calls: Iterable[ToolCall], fmt: str = "hermes") -> str:
+    """The canonical text form of tool calls in `fmt` (what a text-format model is trained to write)."""
+    return render_calls(list(calls), fmt)
 
 
 def system_prompt(tool_schemas: Sequence[dict[str, Any]], *, native_tools: bool, override: str | None = None,
-                  tool_prompt: str = "compact") -> str:
+                  tool_prompt: str = "compact", fmt: str = "hermes") -> str:
     """The system message: `override` or the default text, plus the tool block for text-format models."""
     base = override if override is not None else DEFAULT_SYSTEM_PROMPT
     if native_tools or not tool_schemas:
         return base
-    return f"{base}\n\n{render_tools_prompt(tool_schemas, tool_prompt)}"
+    return f"{base}\n\n{render_tools_prompt(tool_schemas, tool_prompt, fmt)}"
 
 
 def build_messages(
@@ -115,10 +115,12 @@ def build_messages(
     system: str | None = None,
     history: Sequence[Message] = (),
     tool_prompt: str = "compact",
+    fmt: str = "hermes",
 ) -> list[Message]:
     """The opening of an episode: system prompt, earlier conversation (`history`, without its
-    own system message), then the user's request."""
-    sys_text = system_prompt(tool_schemas, native_tools=native_tools, override=system, tool_prompt=tool_prompt)
+    own system message), then the user's request. `fmt`: the text tool format the tools block
+    teaches (etude.toolcalls.TEXT_FORMATS)."""
+    sys_text = system_prompt(tool_schemas, native_tools=native_tools, override=system, tool_prompt=tool_prompt, fmt=fmt)
     msgs = [Message(role="system", content=sys_text)]
     msgs.extend(m for m in history if m.role != "system")
     msgs.append(Message(role="user", content=request))

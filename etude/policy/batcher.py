@@ -36,6 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from etude.policy.local import decode_reply
 from etude.protocols import (
     BatchPolicy,
     EngineStatsPolicy,
@@ -220,7 +221,7 @@ class Batcher:
             return g
         ids = g.token_ids[:max_tokens]
         tok = self.policy.tokenizer if isinstance(self.policy, TokenizerPolicy) else None
-        text = tok.decode(list(ids), skip_special_tokens=True) if tok is not None else g.text
+        text = decode_reply(tok, ids) if tok is not None else g.text
         return dataclasses.replace(g, text=text, token_ids=ids, logprobs=g.logprobs[:max_tokens], finish_reason="length")
 
 

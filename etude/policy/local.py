@@ -20,10 +20,12 @@ Not guaranteed: bit-identical log-probs to a fresh full forward pass (KV cache a
 change float rounding by ~1e-5); determinism across devices. `temperature == 0` is greedy and
 reports the log-prob of the chosen token under the untempered model.
 
-`native_tools = False`: the harness renders tools into the system prompt and parses
-`<tool_call>` text, so `tools` passed here are ignored by design (rendering them again would
-duplicate them). Assistant messages with structured `tool_calls` whose text lacks them are
-rendered back as `<tool_call>{json}</tool_call>` so the model sees its own calls.
+`native_tools = False`: the harness renders tools into the system prompt and parses the text
+format the chat template writes (`etude.toolcalls.text_format_of`: `<tool_call>` for SmolLM2,
+`[TOOL_CALLS]` for a Mistral template, `{"name", "parameters"}` for Llama 3.x), so `tools` passed
+here are ignored by design (rendering them again would duplicate them). Assistant messages with
+structured `tool_calls` whose text lacks them are rendered back in that format so the model sees
+its own calls.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.protocols import BatchPolicy, ModelPolicy, NativeToolsPolicy, TokenizerPolicy, TokenPolicy
+from etude.toolcalls import MISTRAL_TAG, PYTHON_TAG, render_calls, text_format_of, writes_calls
 from etude.types import Generation, Message
 
 from .models import load_model
@@ -55,19 +58,24 @@ def _cache_kw() -> str:
     return "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
-__all__ = ["ChatTemplatePolicy", "LocalPolicy", "completion_ids", "encode_conversation", "load_model", "render_messages"]
+__all__ = ["ChatTemplatePolicy", "LocalPolicy", "completion_ids", "decode_reply", "encode_conversation", "load_model",
+           "render_messages"]
 
 
-def render_messages(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """Messages → the plain dicts a chat template expects."""
+def render_messages(messages: Sequence[Message], fmt: str = "hermes") -> list[dict[str, str]]:
+    """Messages → the plain dicts a chat template expects. An assistant message with structured
+    `tool_calls` that its text does not already write gets them in text format `fmt`."""
     out = []
     for m in messages:
         content = m.content
-        if m.role == "assistant" and m.tool_calls and "<tool_call>" not in content:
-            calls = "".join(
-                "<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
-                for c in m.tool_calls
-            )
+        if m.role == "assistant" and m.tool_calls and not writes_calls(content, fmt):
+            if fmt == "hermes":
+                calls = "".join(
+                    "<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
+                    for c in m.tool_calls
+                )
+            else:
+                calls = render_calls(m.tool_calls, fmt)
             content = (content + "\n" + calls) if content else calls
         out.append({"role": m.role, "content": content})
     return out
@@ -79,11 +87,27 @@ def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int
     if not messages:
         raise EtudeError("cannot generate from an empty conversation")
     ids = tokenizer.apply_chat_template(
-        render_messages(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        render_messages(messages, text_format_of(tokenizer)), add_generation_prompt=True, tokenize=True,
+        return_dict=False,
     )
     if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding regardless
         ids = ids["input_ids"]
     return list(ids)
+
+
+def decode_reply(tokenizer: Any, ids: Sequence[int]) -> str:
+    """A sampled reply's text: special tokens skipped, except the tag its text tool format needs
+    (`[TOOL_CALLS]` and `<|python_tag|>` are special tokens in Mistral's and Llama 3's tokenizers;
+    skipping them would turn a call into bare text). For `<tool_call>` models this is
+    `decode(ids, skip_special_tokens=True)`."""
+    fmt = text_format_of(tokenizer)
+    if fmt == "hermes":
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+    keep = tokenizer.convert_tokens_to_ids(MISTRAL_TAG if fmt == "mistral" else PYTHON_TAG)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    drop = {i for i, t in added.items() if getattr(t, "special", False)} | set(tokenizer.all_special_ids)
+    drop.discard(keep)
+    return tokenizer.decode([i for i in ids if i not in drop], skip_special_tokens=False)
 
 
 def end_of_turn_id(tokenizer: Any) -> int | None:
@@ -101,7 +125,7 @@ def stop_ids(tokenizer: Any) -> list[int]:
 
 def completion_ids(tokenizer: Any, message: Message) -> list[int]:
     """The ids a model samples for assistant `message`: its rendered content, then end-of-turn."""
-    content = render_messages([message])[0]["content"]
+    content = render_messages([message], text_format_of(tokenizer))[0]["content"]
     return list(tokenizer(content, add_special_tokens=False)["input_ids"]) + [int(end_of_turn_id(tokenizer))]
 
 
@@ -200,7 +224,7 @@ class LocalPolicy(ChatTemplatePolicy, NativeToolsPolicy, ModelPolicy):
 
     def _generation(self, prompt: list[int], ids: list[int], lps: list[float], finish: str,
                     latency: float, routes: Any = None) -> Generation:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = decode_reply(self.tokenizer, ids)
         kw: dict[str, Any] = dict(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids),
                                   logprobs=tuple(lps), finish_reason=finish, policy_id=self.id,
                                   policy_version=self.version, latency_s=latency)

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from etude.errors import EtudeError
-from etude.policy.local import ChatTemplatePolicy, _read_state
+from etude.policy.local import ChatTemplatePolicy, _read_state, decode_reply
 from etude.policy.models import resolve
 from etude.protocols import (
     BatchPolicy,
@@ -316,7 +316,7 @@ class VLLMPolicy(ChatTemplatePolicy, SubmitPolicy, NativeToolsPolicy, EngineStat
             if len(lps) != len(ids):
                 raise EtudeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
             finish = "stop" if ids and ids[-1] in stops else "length"
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            text = decode_reply(self.tokenizer, ids)
             out.append(Generation(text=text, prompt_token_ids=tuple(prompt), token_ids=tuple(ids), logprobs=tuple(lps),
                                   finish_reason=finish, policy_id=adapter or self.id, policy_version=self.version,
                                   latency_s=latency))

@@ -236,12 +236,13 @@ def tool_schemas(req: ChatRequest) -> list[dict[str, Any]]:
     return [t.model_dump() for t in req.tools]
 
 
-def with_tools_prompt(messages: list[Message], tools: list[dict[str, Any]]) -> list[Message]:
+def with_tools_prompt(messages: list[Message], tools: list[dict[str, Any]], fmt: str = "hermes") -> list[Message]:
     """For a text-format model: the tools block of the harness in the system message (the same
-    text training uses), appended to the client's system message or as a new first one."""
+    text training uses, teaching text format `fmt`), appended to the client's system message or as
+    a new first one."""
     if not tools:
         return messages
-    block = render_tools_prompt(tools)
+    block = render_tools_prompt(tools, fmt=fmt)
     if messages and messages[0].role == "system":
         first = messages[0]
         content = f"{first.content}\n\n{block}" if first.content else block

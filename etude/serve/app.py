@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from etude.errors import EtudeError, NotFound
 from etude.feedback.followup_model import classify
+from etude.policy.local import decode_reply
 from etude.protocols import TokenizerPolicy
 from etude.serve import registry
 from etude.serve.api import (
@@ -46,6 +47,7 @@ from etude.serve.dashboard_data import ReadoutFn
 from etude.serve.pool import PolicyPool
 from etude.serve.service import ChatService, Pending
 from etude.store.sql import FEEDBACK_KINDS, SQLStore
+from etude.toolcalls import MISTRAL_TAG, OPEN_TAG, PYTHON_TAG, text_format_of
 
 _PIECE = re.compile(r"\S+\s*|\s+")
 
@@ -169,7 +171,8 @@ async def _stream(service: ChatService, p: Pending, include_usage: bool) -> Asyn
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[int | None] = asyncio.Queue()
     pol = p.batcher.policy
-    visible = VisibleText(pol.tokenizer if isinstance(pol, TokenizerPolicy) else None, hold_tool_calls=bool(p.tools))
+    visible = VisibleText(pol.tokenizer if isinstance(pol, TokenizerPolicy) else None, hold_tool_calls=bool(p.tools),
+                          fmt=text_format_of(pol))
     if p.batcher.steps_visible and visible.tokenizer is not None:
         p.job.on_token = lambda tok: loop.call_soon_threadsafe(tokens.put_nowait, tok)
     fut = asyncio.wrap_future(p.batcher.submit(p.job))
@@ -199,13 +202,14 @@ async def _finish_when_generated(service: ChatService, p: Pending, fut: Any) -> 
 
 class VisibleText:
     """Incremental decoding of streamed tokens into the text a client may see now: everything
-    before the first `<tool_call>` (tool calls go out as `tool_calls` chunks once parsed), with a
-    suffix that could be the start of that tag, or half a UTF-8 character, held back."""
+    before the first call of the model's text format `fmt` (`<tool_call>`, `[TOOL_CALLS]`; a
+    Llama 3.x reply that opens with `{` or `<|python_tag|>` is all call), with a suffix that could
+    be the start of that tag, or half a UTF-8 character, held back. Tool calls go out as
+    `tool_calls` chunks once parsed."""
 
-    OPEN = "<tool_call>"
-
-    def __init__(self, tokenizer: Any, hold_tool_calls: bool):
-        self.tokenizer, self.hold = tokenizer, hold_tool_calls
+    def __init__(self, tokenizer: Any, hold_tool_calls: bool, fmt: str = "hermes"):
+        self.tokenizer, self.hold, self.fmt = tokenizer, hold_tool_calls, fmt
+        self.OPEN = MISTRAL_TAG if fmt == "mistral" else PYTHON_TAG if fmt == "llama3_json" else OPEN_TAG
         self.ids: list[int] = []
         self.sent = ""
         self.stopped = False
@@ -214,7 +218,7 @@ class VisibleText:
         if self.stopped:
             return ""
         self.ids.append(tok)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        text = decode_reply(self.tokenizer, self.ids)
         if text.endswith("\ufffd"):
             return ""
         if self.hold:
@@ -225,6 +229,12 @@ class VisibleText:
         return delta
 
     def _before_tag(self, text: str) -> str:
+        if self.fmt == "llama3_json":  # calls are the whole reply: hold it until it cannot be one
+            head = text.lstrip()
+            if head.startswith("{") or head.startswith(self.OPEN):
+                self.stopped = True
+                return ""
+            return "" if self.OPEN.startswith(head) else text
         cut = text.find(self.OPEN)
         if cut >= 0:
             self.stopped = True

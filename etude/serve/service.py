@@ -28,6 +28,7 @@ from etude.serve.config import ServeConfig
 from etude.serve.pool import PolicyPool
 from etude.serve.router import Route, Router
 from etude.store.sql import SQLStore, new_id
+from etude.toolcalls import text_format_of
 from etude.types import Generation, Message, ParseResult
 
 
@@ -130,7 +131,7 @@ class ChatService:
 
     def _job(self, batcher: Batcher, messages: list[Message], tools: list[dict[str, Any]], s: Sampling) -> Job:
         pol = batcher.policy
-        prompt_msgs = messages if native_tools(pol) else with_tools_prompt(messages, tools)
+        prompt_msgs = messages if native_tools(pol) else with_tools_prompt(messages, tools, text_format_of(pol))
         ids = None
         if batcher.by_ids:
             try:
@@ -149,7 +150,7 @@ class ChatService:
         if not tools:
             return ParseResult(text=gen.text)
         names = [t["function"]["name"] for t in tools]
-        return parse_output(gen.text, "hermes", tools=names)
+        return parse_output(gen.text, text_format_of(batcher.policy), tools=names)
 
     def _record(self, p: Pending, gen: Generation, a: Answer, latency: float) -> dict[str, Any]:
         org, req, route, s, meta = p.org, p.req, p.route, p.sampling, p.job.meta

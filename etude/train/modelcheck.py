@@ -41,9 +41,10 @@ from etude.errors import EtudeError
 from etude.harness.prompt import build_messages
 from etude.policy.local import render_messages
 from etude.scale.moe import moe_blocks
-from etude.toolcalls import parse_output
+from etude.toolcalls import MISTRAL_TAG, PYTHON_TAG, TEXT_FORMATS, parse_output, render_calls, text_format_of
 from etude.tools import tool_schemas
 from etude.train.config import LoraConfig
+from etude.types import ToolCall
 
 OK, PROBLEM, SKIPPED, INFO = "ok", "problem", "skipped", "info"
 PROBE_CALL = {"name": "read_file", "arguments": {"path": "src/app.py"}}
@@ -120,31 +121,46 @@ def check_tool_call(tok: Any) -> Row:
     """A call as this template writes an assistant's tool call, parsed back (see the module doc)."""
     msgs, _ = _messages_for_template()
     call = {"type": "function", "function": {"name": PROBE_CALL["name"], "arguments": PROBE_CALL["arguments"]}}
-    before = after = None
+    native = ""
     try:
-        before = tok.apply_chat_template(msgs, tokenize=False)
         after = tok.apply_chat_template([*msgs, {"role": "assistant", "content": "", "tool_calls": [call]}],
                                         tokenize=False)
+        for gen_prompt in (True, False):  # the reply alone, as a model samples it after the assistant header
+            before = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen_prompt)
+            if after.startswith(before):
+                native = after[len(before):]
+                break
     except Exception:  # noqa: BLE001 - a template without tool calls falls back to the text format below
         pass
-    native = after[len(before):] if before is not None and after is not None and after.startswith(before) else ""
+    fmt = text_format_of(tok)
     if native and PROBE_CALL["name"] in native:
-        res = parse_output(native, "hermes")
+        res = parse_output(_strip_special(tok, native), fmt)
         got = [(c.name, c.arguments) for c in res.tool_calls]
         if got == [(PROBE_CALL["name"], PROBE_CALL["arguments"])]:
-            return Row("tool call", OK, "the template writes tool calls as <tool_call> JSON; etude's parser reads them back")
+            return Row("tool call", OK, f"the template writes tool calls in the {fmt} format; etude's {fmt} parser "
+                                        "reads them back (harness, server and SFT use it: tool_format auto)")
         snippet = " ".join(native.split())[:80]
         return Row("tool call", PROBLEM, f"the template writes tool calls in a format etude does not parse ({snippet!r}); "
-                                         "etude reads <tool_call> JSON (Hermes): SFT must teach that format")
-    text = '<tool_call>\n{"name": "read_file", "arguments": {"path": "src/app.py"}}\n</tool_call>'
-    res = parse_output(text, "hermes")
+                                         f"etude reads {', '.join(TEXT_FORMATS)}: SFT must teach one of them")
+    probe = ToolCall(id="probe", name=PROBE_CALL["name"], arguments=PROBE_CALL["arguments"])
+    text = render_calls([probe], fmt)
+    res = parse_output(text, fmt)
     ok = [(c.name, c.arguments) for c in res.tool_calls] == [(PROBE_CALL["name"], PROBE_CALL["arguments"])]
     ids = tok(text, add_special_tokens=False)["input_ids"]
     back = tok.decode(ids)
     if ok and back == text:
-        return Row("tool call", OK, "the template writes no tool calls; etude's <tool_call> text round-trips through "
+        return Row("tool call", OK, f"the template writes no tool calls; etude's {fmt} text round-trips through "
                                     f"the tokenizer ({len(ids)} tokens) and the parser")
-    return Row("tool call", PROBLEM, "etude's <tool_call> text does not survive the tokenizer's round trip")
+    return Row("tool call", PROBLEM, f"etude's {fmt} call text does not survive the tokenizer's round trip")
+
+
+def _strip_special(tok: Any, text: str) -> str:
+    """The reply as a model's sampled text reads (special tokens decoded away, as the policies
+    decode): the template's end-of-turn markers removed, a tag the parser needs kept."""
+    for t in getattr(tok, "all_special_tokens", None) or ():
+        if t and t not in (MISTRAL_TAG, PYTHON_TAG):
+            text = text.replace(t, "")
+    return text
 
 
 def check_lora(model: Any, targets: Sequence[str], moe: bool = False) -> Row:

@@ -23,6 +23,7 @@ Not guaranteed: bit-identical continuation after resume with a different number 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -41,6 +42,7 @@ from etude.envs.sources import (
 )
 from etude.errors import EtudeError
 from etude.tasks.seal import check_sources
+from etude.toolcalls import text_format_of
 from etude.train.metrics import MetricsWriter
 from etude.train.sft_config import SOURCES, SFTConfig, SourcesConfig, load_sft_config, sft_config_from_dict
 from etude.train.sft_tokens import Sequence_, conversation_sequences, mix, pack_rows, row_loss, sample_sequences
@@ -60,9 +62,14 @@ def production_sequences(path: Path) -> list[Sequence_]:
     return sample_sequences(production_samples(path), "production")
 
 
-def gather(cfg: SFTConfig, out: Path, progress: Any = None) -> dict[str, list[Trajectory] | list[Sequence_]]:
-    """Trajectories (expert, self, drill) and production sequences, per source, from cache or made now."""
+def gather(cfg: SFTConfig, out: Path, progress: Any = None,
+           tool_format: str = "hermes") -> dict[str, list[Trajectory] | list[Sequence_]]:
+    """Trajectories (expert, self, drill) and production sequences, per source, from cache or made now.
+    `tool_format`: the trained model's text tool format (etude.toolcalls.text_format_of), which a
+    `[harness] tool_format = "auto"` becomes, so the expert writes calls as the model will."""
     hc = cfg.harness_config()
+    if hc.tool_format == "auto" and tool_format != "hermes":
+        hc = dataclasses.replace(hc, tool_format=tool_format)
     pools: dict[str, Any] = {}
     w = cfg.sources
     tasks: list[Task] = []
@@ -133,9 +140,9 @@ def run_sft(cfg: SFTConfig, out_dir: str | Path, *, progress: bool = True) -> di
                 bar.update(job, completed=done, total=total)
             return update
 
-        pools = gather(cfg, out, tracker)
-        gather_s = time.time() - t0
         trainer = SFTTrainer(cfg, out)
+        pools = gather(cfg, out, tracker, text_format_of(trainer.tokenizer))
+        gather_s = time.time() - t0
         seqs: dict[str, list[Sequence_]] = {}
         dropped = 0
         for src, items in pools.items():

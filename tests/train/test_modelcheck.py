@@ -14,8 +14,9 @@ import pytest
 
 from etude.train.modelcheck import OK, PROBLEM, check_model, problems
 
-# Templates of our own, in the two shapes families use: ChatML with tools and Hermes <tool_call>
-# JSON (the Qwen families), and a [TOOL_CALLS] list (Mistral's shape), which etude does not parse.
+# Templates of our own, in the three shapes families use: ChatML with tools and Hermes <tool_call>
+# JSON (the Qwen families), a [TOOL_CALLS] list (Mistral's shape) and Llama 3.x's header turns with
+# <|python_tag|>{"name", "parameters"} calls (SmolLM2's tokenizer: its <|im_end|> ends a turn).
 HERMES = (
     "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t.function.name }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
@@ -26,8 +27,16 @@ MISTRALISH = (
     "{% for m in messages %}[{{ m.role }}] {{ m.content }}"
     "{% if m.tool_calls %}[TOOL_CALLS]{{ m.tool_calls | map(attribute='function') | list | tojson }}{% endif %}\n{% endfor %}"
 )
+LLAMA3ISH = (
+    "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n"
+    "{% if m.tool_calls %}<|python_tag|>{% for c in m.tool_calls %}"
+    "{{ {'name': c.function.name, 'parameters': c.function.arguments} | tojson }}{% endfor %}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
 FAMILIES = {
     "llama": ("LlamaConfig", {}, None),
+    "llama3": ("LlamaConfig", {}, LLAMA3ISH),
     "qwen2": ("Qwen2Config", {}, HERMES),
     "qwen3": ("Qwen3Config", {"head_dim": 8}, HERMES),
     "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 8, "num_experts": 4, "num_experts_per_tok": 2,
@@ -68,10 +77,9 @@ def test_each_family_gets_its_table(tmp_path, family):
         assert rows["lora"].status == PROBLEM and "fused" in rows["lora"].detail and "q_proj" in rows["lora"].detail
     else:
         assert rows["lora"].status == OK, rows["lora"]
-    if family == "mistral":  # writes [TOOL_CALLS]: a clear problem, not a traceback
-        assert rows["tool call"].status == PROBLEM and "does not parse" in rows["tool call"].detail
-    else:
-        assert rows["tool call"].status == OK, rows["tool call"]
+    assert rows["tool call"].status == OK, rows["tool call"]
+    fmt = {"mistral": "mistral", "llama3": "llama3_json"}.get(family, "hermes")
+    assert f"{fmt} " in rows["tool call"].detail  # each family's own format, read back by its parser
     native = "native tools" in rows["template"].detail
     assert native == (FAMILIES[family][2] == HERMES)
     if moe:
@@ -87,6 +95,7 @@ def test_each_family_gets_its_table(tmp_path, family):
     ("unknown-arch", "config: unknown architecture"),
     ("no-weights", "weights: no *.safetensors weights"),
     ("missing-tensor", "weights: 1 parameter(s) missing"),
+    ("unparsed-calls", "tool call: the template writes tool calls in a format etude does not parse"),
 ])
 def test_a_broken_directory_is_one_line_per_problem_and_exit_2(tmp_path, breakage, says):
     d = tiny_family(tmp_path, "llama")
@@ -102,6 +111,11 @@ def test_a_broken_directory_is_one_line_per_problem_and_exit_2(tmp_path, breakag
         cfg = json.loads((d / "config.json").read_text())
         cfg["model_type"] = "nosuchmodel"
         (d / "config.json").write_text(json.dumps(cfg))
+    elif breakage == "unparsed-calls":  # a <function=...> form, as some templates write: none of etude's formats
+        (d / "chat_template.jinja").write_text(
+            "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
+            "<function={{ c.function.name }}>{{ c.function.arguments | tojson }}</function>{% endfor %}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     elif breakage == "no-weights":
         for f in d.glob("*.safetensors"):
             f.unlink()
