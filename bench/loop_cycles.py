@@ -270,7 +270,8 @@ def episode_measures(run: Path, arm: str, cycle: str) -> list[dict[str, Any]]:
     return out
 
 
-BEHAVIOUR_TERMS = ("repeated_calls", "broken_calls", "needless_clarification", "parallelism", "latency")
+BEHAVIOUR_TERMS = ("repeated_calls", "broken_calls", "unsupported_claims", "needless_clarification", "parallelism",
+                   "latency")
 
 
 def first_weights(samples: Path) -> dict[str, float] | None:
