@@ -371,11 +371,13 @@ TOP_LEVEL = ("provenance", "records", "figures", "meta")
 _CLAIM_KEY = re.compile(r"(^|_)(headline|claims?|claimed|conclusion|verdict_text)$", re.I)
 
 
-def _claims(meta: Any, at: str = "meta") -> list[str]:
-    """Paths of claim-like keys in `meta` (see `_CLAIM_KEY`)."""
+def _claims(meta: Any, at: str = "meta", names_terms: bool = False) -> list[str]:
+    """Paths of claim-like keys in `meta` (see `_CLAIM_KEY`). The keys of a `weights` table name
+    reward terms (`unsupported_claims` is one), not claims."""
     if isinstance(meta, dict):
         return [p for k, v in meta.items()
-                for p in ([f"{at}.{k}"] if _CLAIM_KEY.search(str(k)) else []) + _claims(v, f"{at}.{k}")]
+                for p in ([f"{at}.{k}"] if _CLAIM_KEY.search(str(k)) and not names_terms else [])
+                + _claims(v, f"{at}.{k}", str(k) == "weights")]
     if isinstance(meta, list):
         return [p for i, v in enumerate(meta) for p in _claims(v, f"{at}[{i}]")]
     return []

@@ -117,8 +117,14 @@ def test_ctrl_c_in_a_rollout_stops_episodes_after_their_turn_and_starts_no_more(
     # a real SIGINT, to the main thread as a terminal's Ctrl-C most often lands (os.kill let the
     # kernel hand it to any thread, and in a loaded full-suite run it went unhandled for 20 s)
     main = threading.main_thread().ident
+    # a shell's background job (`make test &`) starts with SIGINT ignored, and Python then raises
+    # nothing on it: the test installs Python's own handler, as an interactive terminal has it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=lambda: (go.wait(600), signal.pthread_kill(main, signal.SIGINT)), daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        env.rollout(object(), probs, n=2, max_tokens=8, temperature=1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            env.rollout(object(), probs, n=2, max_tokens=8, temperature=1.0)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(started) == 2  # the 6 queued episodes never started
     assert len(turns) < 2 * 60000  # the running ones stopped after a turn, not at their end
