@@ -38,19 +38,21 @@ FAMILIES = {
 }
 
 
-def tiny_family(root: Path, family: str) -> Path:
-    """A random model of `family` (2 layers, hidden 32) with SmolLM2's tokenizer and the family's
-    template shape."""
+def tiny_family(root: Path, family: str, head_dim: int = 8) -> Path:
+    """A random model of `family` (2 layers; 4 heads of `head_dim`, 8 by default: hidden 32) with
+    SmolLM2's tokenizer and the family's template shape. vLLM's CPU attention needs a head size it
+    has a kernel for (64; it refuses 8)."""
     import transformers
 
     from etude.policy.models import smollm2_tokenizer
 
     name, extra, template = FAMILIES[family]
+    extra = {**extra, "head_dim": head_dim} if "head_dim" in extra else extra
     tok = smollm2_tokenizer()
-    cfg = getattr(transformers, name)(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, **extra)
+    cfg = getattr(transformers, name)(vocab_size=len(tok), hidden_size=4 * head_dim, intermediate_size=8 * head_dim,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, **extra)
     model = transformers.AutoModelForCausalLM.from_config(cfg)
-    out = root / family
+    out = root / (family if head_dim == 8 else f"{family}-h{head_dim}")
     model.save_pretrained(out)
     if template is not None:
         tok.chat_template = template
