@@ -11,14 +11,17 @@ read exactly as distillation reads it. Metrics (ratio of per-user sums, numerato
 | edit_persistence | Σ edit_persistence values | edit_persistence events | higher |
 | dissatisfied_rate | follow-ups labelled dissatisfied | interactions | lower |
 | tool_error_rate | broken calls (malformed, failed) | interactions | lower |
+| broken_call_rate | broken calls (malformed, failed) | calls (attempted) | lower |
 | repeat_rate | calls identical to an earlier call of the session (a wasted turn) | interactions | lower |
 | clarification_rate | answers that only ask the user a question | interactions | lower |
 | edit_rate | interactions with an edit/write call (attempted) | interactions | (hack: a drop) |
 | latency_s | Σ server latency | interactions | lower |
 | answer_length | Σ completion tokens | interactions | lower |
 
-Not guaranteed: tool-error rate is per interaction, not per call (a model that stops calling
-tools has no calls to fail); a call whose result never came back is not counted as failed.
+Not guaranteed: tool-error rate is per interaction (a model that stops calling tools has no
+calls to fail: a candidate making half the calls had fewer broken calls an interaction and more
+a call, bench/results/loop_cycles_filtered.json); broken_call_rate is the per-call view, and a
+user with no call has no row for it. A call whose result never came back is not counted as failed.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from typing import Any
 from etude.loop.distill import to_trajectory
 from etude.rewards.terms import asks_question, is_edit, repeats
 
-METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "repeat_rate",
-           "clarification_rate", "edit_rate", "latency_s", "answer_length")
+METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "broken_call_rate",
+           "repeat_rate", "clarification_rate", "edit_rate", "latency_s", "answer_length")
 EDIT_TOOLS = ("edit_file", "write_file")
 ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
 
@@ -74,6 +77,7 @@ def _per_interaction(f: dict[str, Any]) -> dict[str, tuple[float, float]]:
         "accept_rate": (f["accept"], f["accept"] + f["reject"]),
         "edit_persistence": (sum(f["persist"]), len(f["persist"])),
         "dissatisfied_rate": (f["dissatisfied"], 1), "tool_error_rate": (f["broken"], 1),
+        "broken_call_rate": (f["broken"], f["calls"]),
         "repeat_rate": (f.get("repeat", 0), 1),
         "clarification_rate": (f["clarification"], 1), "edit_rate": (f["edit"], 1),
         "latency_s": (f["latency_s"], 1), "answer_length": (f["tokens"], 1),

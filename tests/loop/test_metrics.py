@@ -60,6 +60,11 @@ def test_facts_rows_and_ratios_from_the_store(tmp_path: Path) -> None:
     ratios = arm_ratios(facts)
     assert ratios["control"]["interactions"] == 3 and ratios["canary"]["interactions"] == 2
     assert ratios["control"]["tool_error_rate"] == 1 / 3 and ratios["canary"]["tool_error_rate"] == 0.5
+    for arm in ("control", "canary"):  # per call: the same broken calls over the calls attempted
+        mine = [f for f in facts if f["arm"] == arm]
+        assert ratios[arm]["broken_call_rate"] == sum(f["broken"] for f in mine) / sum(f["calls"] for f in mine)
+    # every call this traffic made broke: 1 a call, while per interaction it is 1/3 and 0.5
+    assert ratios["control"]["broken_call_rate"] == 1.0 == ratios["canary"]["broken_call_rate"]
     assert ratios["canary"]["clarification_rate"] == 0.5 and ratios["control"]["accept_rate"] == 0.0
     assert ratios["canary"]["answer_length"] == 18.0 and ratios["control"]["edit_persistence"] is None
 
