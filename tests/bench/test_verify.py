@@ -304,7 +304,8 @@ def test_a_forged_claim_or_commit_fails_verify(tmp_path, forge):
 def test_a_reward_term_named_like_a_claim_is_a_weight_not_a_claim(tmp_path):
     """`unsupported_claims` is a reward term: the weights a cycle ran with name it."""
     path = _write(tmp_path)
-    _edit(path, lambda d: d["meta"].update(config={"weights": {"unsupported_claims": 1.0}}))
+    _edit(path, lambda d: d["meta"].update(config={"weights": {"unsupported_claims": 1.0}},
+                                           distill_weights={"unsupported_claims": 1.0}))
     assert verify.main(["--results", str(tmp_path)]) == 0
     _edit(path, lambda d: d["meta"].update(config={"weights": {"x": 1.0}, "unsupported_claims": 1.0}))
     assert verify.main(["--results", str(tmp_path)]) == 1
