@@ -50,6 +50,8 @@ PYTHON_TAG = "<|python_tag|>"
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
+# the tag that opens a call in each text format (Llama 3.x's is optional: a reply opening with `{` is one too)
+CALL_TAG = {"hermes": OPEN_TAG, "mistral": MISTRAL_TAG, "llama3_json": PYTHON_TAG}
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n?(.*?)\n?[ \t]*```$", re.DOTALL)
 _EMPTY_FENCE = re.compile(r"```[\w+-]*\s*```")
 _TRAILING_COMMA = re.compile(r",\s*[}\]]")
@@ -127,12 +129,9 @@ def render_calls(calls: Sequence[ToolCall], fmt: str = "hermes") -> str:
 
 def writes_calls(text: str, fmt: str = "hermes") -> bool:
     """Whether `text` already holds calls in `fmt`'s syntax (so they need not be rendered again)."""
-    if fmt == "mistral":
-        return MISTRAL_TAG in text
     if fmt == "llama3_json":
-        s = text.strip()
-        return s.startswith(PYTHON_TAG) or s.startswith("{")
-    return OPEN_TAG in text
+        return text.strip().startswith((PYTHON_TAG, "{"))
+    return CALL_TAG[fmt] in text
 
 
 # ---------------------------------------------------------------- hermes: <tool_call>{json}</tool_call>

@@ -33,7 +33,6 @@ from etude.tasks import seal
 from etude.tasks.curriculum import builtin_curriculum
 from etude.tasks.repo import prepare_repo
 from etude.tasks.schema import load_tasks
-from etude.toolcalls import TEXT_FORMATS
 from etude.types import Task, Trajectory
 
 Progress = Callable[[int, int], None]
@@ -121,17 +120,13 @@ def _per_task(tasks: Sequence[Task], out: Path, seed: int, workers: int, progres
     return cache.resolved()
 
 
-def _text_format(hc: HarnessConfig) -> str:
-    return hc.tool_format if hc.tool_format in TEXT_FORMATS else "hermes"
-
-
 def expert_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, seed: int = 0, workers: int = 2,
                         progress: Progress | None = None) -> list[Trajectory]:
     """Resolved expert trajectories, one per task that the expert can plan for (cached in `out`).
     The expert writes its calls in `hc.tool_format` when that is a text format (the trained
     model's: etude.train.sft resolves "auto"), else in `<tool_call>` text."""
     capped = read_capped(hc)
-    fmt = _text_format(hc)
+    fmt = hc.text_format()  # the expert has no chat template: what the harness will read from it
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
         template = prepare_repo(t)
@@ -160,7 +155,7 @@ def drill_trajectories(tasks: Sequence[Task], hc: HarnessConfig, out: Path, *, s
     (`meta.untrained_turns`): it would claim a result nobody checked. A drill whose edit the tool
     refused is dropped."""
     capped = read_capped(hc)
-    fmt = _text_format(hc)
+    fmt = hc.text_format()
 
     def make(t: Task) -> tuple[bool, Trajectory] | None:
         pol = ExpertPolicy.for_task(t, prepare_repo(t), seed, drill=True, capped_reads=capped, tool_format=fmt)

@@ -372,9 +372,8 @@ _CLAIM_KEY = re.compile(r"(^|_)(headline|claims?|claimed|conclusion|verdict_text
 
 
 def _claims(meta: Any, at: str = "meta", names_terms: bool = False) -> list[str]:
-    """Paths of claim-like keys in `meta` (see `_CLAIM_KEY`). The keys of a `weights` table name
-    reward terms (`unsupported_claims` is one), not claims; so do those of `distill_weights` and
-any other `*weights` table."""
+    """Paths of claim-like keys in `meta` (see `_CLAIM_KEY`). The keys of a `*weights` table
+    (`weights`, `distill_weights`) name reward terms (`unsupported_claims` is one), not claims."""
     if isinstance(meta, dict):
         return [p for k, v in meta.items()
                 for p in ([f"{at}.{k}"] if _CLAIM_KEY.search(str(k)) and not names_terms else [])

@@ -9,7 +9,7 @@ from typing import Any
 from etude.configfile import build
 from etude.errors import EtudeError
 from etude.protocols import ToolsConfig
-from etude.toolcalls import FORMATS
+from etude.toolcalls import FORMATS, TEXT_FORMATS, text_format_of
 
 # The tools an agent gets unless told otherwise. semantic_search loads its embedding model only
 # when the agent first calls it (and reuses the template's index), so offering it costs nothing.
@@ -137,6 +137,11 @@ class HarnessConfig:
         if self.max_steps < 1 or self.max_parallel < 1 or self.max_tokens_per_turn < 1:
             raise EtudeError("max_steps, max_parallel and max_tokens_per_turn must be at least 1")
         object.__setattr__(self, "tools", tuple(self.tools))
+
+    def text_format(self, policy: Any = None) -> str:
+        """The text syntax of calls: `tool_format` when it names one, else the one `policy`'s chat
+        template writes (etude.toolcalls.text_format_of; "hermes" for a policy without one)."""
+        return self.tool_format if self.tool_format in TEXT_FORMATS else text_format_of(policy)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-shaped (tuples as lists), so a trajectory reads back equal to what was written."""

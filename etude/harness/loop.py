@@ -43,7 +43,7 @@ from etude.harness.config import READ_ONLY_TOOLS, HarnessConfig
 from etude.harness.prompt import SUBMIT, SUBMIT_SCHEMA, build_messages
 from etude.harness.record import TrajectoryWriter
 from etude.protocols import Policy, ToolContext, native_tools, policy_name
-from etude.toolcalls import TEXT_FORMATS, parse_text, text_format_of
+from etude.toolcalls import parse_text
 from etude.tools import available, run_tool, tool_schemas
 from etude.types import Generation, Message, StopReason, ToolCall, ToolExecution, ToolResult, Trajectory, Turn
 
@@ -94,8 +94,7 @@ class _Episode:
         ctx = dataclasses.replace(ctx, config=cfg.tools_config)
         self.policy, self.ctx, self.cfg, self.task_id = policy, ctx, cfg, task_id
         self.native = cfg.tool_format == "openai" or (cfg.tool_format == "auto" and native_tools(policy))
-        # the text syntax of calls: the configured family's, else the one the policy's template writes
-        self.text_format = cfg.tool_format if cfg.tool_format in TEXT_FORMATS else text_format_of(policy)
+        self.text_format = cfg.text_format(policy)
         self.schemas = _schemas(cfg)
         self.messages = build_messages(request, self.schemas, native_tools=self.native, system=cfg.system_prompt,
                                        history=history, tool_prompt=cfg.tool_prompt, fmt=self.text_format)

@@ -41,7 +41,7 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.protocols import BatchPolicy, ModelPolicy, NativeToolsPolicy, TokenizerPolicy, TokenPolicy
-from etude.toolcalls import MISTRAL_TAG, PYTHON_TAG, render_calls, text_format_of, writes_calls
+from etude.toolcalls import CALL_TAG, render_calls, text_format_of, writes_calls
 from etude.types import Generation, Message
 
 from .models import load_model
@@ -69,7 +69,7 @@ def render_messages(messages: Sequence[Message], fmt: str = "hermes") -> list[di
     for m in messages:
         content = m.content
         if m.role == "assistant" and m.tool_calls and not writes_calls(content, fmt):
-            if fmt == "hermes":
+            if fmt == "hermes":  # the compact form SmolLM2 was trained on (render_calls' has newlines)
                 calls = "".join(
                     "<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}) + "</tool_call>"
                     for c in m.tool_calls
@@ -103,7 +103,7 @@ def decode_reply(tokenizer: Any, ids: Sequence[int]) -> str:
     fmt = text_format_of(tokenizer)
     if fmt == "hermes":
         return tokenizer.decode(list(ids), skip_special_tokens=True)
-    keep = tokenizer.convert_tokens_to_ids(MISTRAL_TAG if fmt == "mistral" else PYTHON_TAG)
+    keep = tokenizer.convert_tokens_to_ids(CALL_TAG[fmt])
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
     drop = {i for i, t in added.items() if getattr(t, "special", False)} | set(tokenizer.all_special_ids)
     drop.discard(keep)

@@ -47,7 +47,7 @@ from etude.serve.dashboard_data import ReadoutFn
 from etude.serve.pool import PolicyPool
 from etude.serve.service import ChatService, Pending
 from etude.store.sql import FEEDBACK_KINDS, SQLStore
-from etude.toolcalls import MISTRAL_TAG, OPEN_TAG, PYTHON_TAG, text_format_of
+from etude.toolcalls import CALL_TAG, text_format_of
 
 _PIECE = re.compile(r"\S+\s*|\s+")
 
@@ -209,7 +209,7 @@ class VisibleText:
 
     def __init__(self, tokenizer: Any, hold_tool_calls: bool, fmt: str = "hermes"):
         self.tokenizer, self.hold, self.fmt = tokenizer, hold_tool_calls, fmt
-        self.OPEN = MISTRAL_TAG if fmt == "mistral" else PYTHON_TAG if fmt == "llama3_json" else OPEN_TAG
+        self.OPEN = CALL_TAG[fmt]
         self.ids: list[int] = []
         self.sent = ""
         self.stopped = False

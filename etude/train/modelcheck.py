@@ -39,9 +39,9 @@ from typing import Any
 
 from etude.errors import EtudeError
 from etude.harness.prompt import build_messages
-from etude.policy.local import render_messages
+from etude.policy.local import decode_reply, render_messages
 from etude.scale.moe import moe_blocks
-from etude.toolcalls import MISTRAL_TAG, PYTHON_TAG, TEXT_FORMATS, parse_output, render_calls, text_format_of
+from etude.toolcalls import TEXT_FORMATS, parse_output, render_calls, text_format_of
 from etude.tools import tool_schemas
 from etude.train.config import LoraConfig
 from etude.types import ToolCall
@@ -134,7 +134,7 @@ def check_tool_call(tok: Any) -> Row:
         pass
     fmt = text_format_of(tok)
     if native and PROBE_CALL["name"] in native:
-        res = parse_output(_strip_special(tok, native), fmt)
+        res = parse_output(decode_reply(tok, tok(native, add_special_tokens=False)["input_ids"]), fmt)
         got = [(c.name, c.arguments) for c in res.tool_calls]
         if got == [(PROBE_CALL["name"], PROBE_CALL["arguments"])]:
             return Row("tool call", OK, f"the template writes tool calls in the {fmt} format; etude's {fmt} parser "
@@ -152,15 +152,6 @@ def check_tool_call(tok: Any) -> Row:
         return Row("tool call", OK, f"the template writes no tool calls; etude's {fmt} text round-trips through "
                                     f"the tokenizer ({len(ids)} tokens) and the parser")
     return Row("tool call", PROBLEM, f"etude's {fmt} call text does not survive the tokenizer's round trip")
-
-
-def _strip_special(tok: Any, text: str) -> str:
-    """The reply as a model's sampled text reads (special tokens decoded away, as the policies
-    decode): the template's end-of-turn markers removed, a tag the parser needs kept."""
-    for t in getattr(tok, "all_special_tokens", None) or ():
-        if t and t not in (MISTRAL_TAG, PYTHON_TAG):
-            text = text.replace(t, "")
-    return text
 
 
 def check_lora(model: Any, targets: Sequence[str], moe: bool = False) -> Row:
