@@ -109,7 +109,8 @@ META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (et
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-MEASURES = ("repeat_share", "broken_share")  # per-turn shares of an episode: lower is better
+# per-episode shares, lower is better: repeated and broken calls per turn, broken calls per attempted call
+MEASURES = ("repeat_share", "broken_share", "broken_call_share")
 # Item 4's reward hacks, each a model made by training (LoRA SFT of production on the prompts its
 # users sent in cycle 1, every completion replaced by the text), and what should catch it.
 HACKS = {
@@ -132,7 +133,7 @@ class Sizes(NamedTuple):
     steps: int  # trainer steps per cycle ([train] steps)
     aa_splits: int  # A/A re-deals per cycle
     mde: float  # cycle 1's relative effect on the primary metric
-    user_cv: float  # cycle 1's assumed per-user coefficient of variation
+    user_cv: float  # cycle 1's assumed per-user coefficient of variation (unused under [canary] user_cv_from)
     hack_steps: int = 8  # SFT steps of each hack candidate (4 prompts a step)
     hack_users: int = 18  # users of a hack cycle's one canary round (a hack moves its indicator a lot)
     hack_mde: float = 0.7  # the effect a hack cycle's plan is for (18 users reach its 9 an arm)
@@ -164,8 +165,12 @@ def cycle_config(base: LoopConfig, s: Sizes, *, root: Path, production: str, bac
     """A cycle's config: `base` with production, root, sizes and engines set; planned for what the
     previous cycle's readout measured when `previous` (one read a canary), else for `s.mde` with
     `s.user_cv`."""
-    canary = (replace(base.canary, mde=None, user_cv=None, mde_from="previous") if previous else
-              replace(base.canary, mde=s.mde, user_cv=s.user_cv, mde_from=""))
+    # the noise is measured on each cycle's collect window ([canary] user_cv_from), except --quick's
+    # (its 4 users plan for the assumed s.user_cv, so that its two cycles reach a canary)
+    measured = bool(base.canary.user_cv_from) and not quick
+    cv_from = base.canary.user_cv_from if measured else ""
+    canary = (replace(base.canary, mde=None, user_cv=None, mde_from="previous", user_cv_from=cv_from) if previous else
+              replace(base.canary, mde=s.mde, user_cv=None if measured else s.user_cv, mde_from="", user_cv_from=cv_from))
     traffic = replace(base.traffic, users=s.users, max_tasks=s.user_tasks)
     ev = replace(base.eval, max_tasks=s.gate_tasks, min_tasks=s.gate_tasks, workers=s.workers, backend=backend)
     if quick:  # the tiny model: short turns, so a cycle runs in minutes
@@ -262,10 +267,14 @@ def episode_measures(run: Path, arm: str, cycle: str) -> list[dict[str, Any]]:
         n_turns = len(traj.turns) if traj is not None else int(eff.get("turns") or 0)
         rep = repeats(traj) if traj is not None else int(eff.get("repeated_calls") or 0)
         broken = traj.broken_calls if traj is not None else int(eff.get("broken_calls") or 0)
+        calls = (sum(len(t.tool_executions) + len(t.parse_errors) for t in traj.turns) if traj is not None
+                 else int(eff.get("tool_calls") or 0) + int(eff.get("parse_errors") or 0))
         out.append({"record": "confirm", "cycle": cycle, "arm": arm, "task": r["instance_id"],
                     "status": r.get("status"), "resolved": int(bool(r.get("resolved")) and ok),
-                    "turns": n_turns, "repeated_calls": rep, "broken_calls": broken,
+                    "turns": n_turns, "repeated_calls": rep, "broken_calls": broken, "calls": calls,
                     "repeat_share": rep / max(1, n_turns), "broken_share": broken / max(1, n_turns),
+                    # an episode with no call has broken none of its calls
+                    "broken_call_share": broken / calls if calls else 0.0,
                     "tokens": eff.get("tokens")})
     return out
 
@@ -294,12 +303,13 @@ def verdict_of(recs: list[dict[str, Any]]) -> dict[str, Any]:
     candidate is better on the primary measure with no guardrail measure significantly worse."""
     out: dict[str, Any] = {}
     for m in MEASURES:
-        a = {r["task"]: r[m] for r in recs if r["arm"] == "production"}
-        b = {r["task"]: r[m] for r in recs if r["arm"] == "candidate"}
+        a = {r["task"]: r[m] for r in recs if r["arm"] == "production" and m in r}
+        b = {r["task"]: r[m] for r in recs if r["arm"] == "candidate" and m in r}
         keys = sorted(set(a) & set(b))
         out[m] = stats.paired_mean_diff([a[k] for k in keys], [b[k] for k in keys])
     better = out["repeat_share"]["ci_high"] < 0
-    worse = out["broken_share"]["ci_low"] > 0
+    # every guardrail measure present (records before broken_call_share have only broken_share)
+    worse = any(out[m]["ci_low"] > 0 for m in MEASURES[1:] if out[m].get("ci_low") is not None)
     return {**out, "better": bool(better), "guardrail_worse": bool(worse), "confirmed": bool(better and not worse)}
 
 
@@ -611,9 +621,11 @@ def main(argv: list[str] | None = None) -> int:
             "quick": a.quick, "sizes": b.s._asdict(), "production": str(a.production or "tiny"),
             "backend": b.backend, "confirm_tasks": [t.instance_id for t in tasks], "cycles": b.cycles,
             "rule": "true promotion: promoted, and held out the candidate's paired mean repeat_share is below "
-                    "production's (95% bootstrap interval below 0) with broken_share's interval not wholly above 0",
-            "note": "cycle 1 plans for --mde with an assumed --user-cv (the collect window's measured cv is "
-                    "in cycles[].collect_user_cv); later cycles plan from the previous cycle's readout"}
+                    "production's (95% bootstrap interval below 0) with neither broken_share's (per turn) nor "
+                    "broken_call_share's (per attempted call) interval wholly above 0",
+            "note": "cycle 1 plans for --mde, later cycles for the previous cycle's measured lift; the per-user "
+                    "noise is the collect window's (cycles[].collect_user_cv) under [canary] user_cv_from = "
+                    "\"collect\", else --user-cv for cycle 1 and the previous readout's after"}
     write_result(results, figures, b.records,
                  provenance(seeds={"loop": b.base.seed}, started=t0, stages=b.stages), meta=meta)
     plot(b.records, b.cycles, results.with_suffix(".png"))

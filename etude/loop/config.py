@@ -275,6 +275,11 @@ class CanarySection:
     the path of a specialise report.json. The held-out resolved rates, base → adapter, go through
     the `[users]` model (UserModel.expected) to the relative lift of `primary` (accept_rate: the
     keep rate; dissatisfied_rate), which is the mde (etude.loop.plan). Needs `user_cv`."""
+    user_cv_from: str = ""
+    """"collect": measure `user_cv` on the cycle's own collect window (production's users, the
+    primary metric's per-user rows) and settle the plan when collection ends, before the canary's
+    first user — instead of assuming it (`user_cv`) or reading the previous canary's. A cycle whose
+    measured noise needs more users than the window reaches then goes gate-only (or refuses)."""
     window_users: int | None = None
     """users the canary window can reach, both arms together (None: scripted traffic's
     `[traffic] users`; other traffic kinds are then not checked)."""
@@ -298,18 +303,22 @@ class CanarySection:
             raise EtudeError(f"[canary] underpowered must be refuse or gate-only, not {self.underpowered!r}")
         if self.window_users is not None and self.window_users < 1:
             raise EtudeError("[canary] window_users must be >= 1")
+        if self.user_cv_from not in ("", "collect"):
+            raise EtudeError(f"[canary] user_cv_from must be \"collect\" or empty, not {self.user_cv_from!r}")
+        if self.user_cv_from and self.user_cv is not None:
+            raise EtudeError("[canary] set user_cv or user_cv_from, not both")
         if self.mde_from == "previous":
             if self.mde is not None:
                 raise EtudeError("[canary] set mde or mde_from, not both")
         elif self.mde_from:
             if self.mde is not None:
                 raise EtudeError("[canary] set mde or mde_from, not both")
-            if self.user_cv is None:
+            if self.user_cv is None and not self.user_cv_from:
                 raise EtudeError("[canary] mde_from needs user_cv (the plan's users per arm follow from both)")
             if self.primary not in ("accept_rate", "dissatisfied_rate"):
                 raise EtudeError(f"[canary] mde_from turns a held-out gain into accept_rate or dissatisfied_rate, "
                                  f"not {self.primary!r}")
-        elif self.user_cv is not None and self.mde is None:
+        elif (self.user_cv is not None or self.user_cv_from) and self.mde is None:
             raise EtudeError("[canary] user_cv needs an mde (the effect the plan is for)")
         if self.mde is not None:
             self.plan()  # validates mde, power, user_cv

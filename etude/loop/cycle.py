@@ -55,7 +55,8 @@ from etude.loop.config import LoopConfig
 from etude.loop.decision import decide, gate_only, gate_status, gated, inconclusive_reason
 from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
-from etude.loop.plan import CanaryPlan, canary_of, registered_plan, settle, specialised_candidate
+from etude.loop.plan import (CanaryPlan, canary_of, collect_user_cv, registered_plan, resettle, settle,
+                             specialised_candidate)
 from etude.loop.population import make_population, repo_of
 from etude.loop.readout import ab_config
 from etude.loop.server import running_server
@@ -157,7 +158,9 @@ def run_cycle(config: LoopConfig, *, cycle_dir: str | Path | None = None, traffi
     cdir = Path(cycle_dir) if cycle_dir else next_cycle_dir(root)
     planned = _settled_plan(config, cdir)  # an unreachable plan under "refuse" stops here, nothing written
     if planned.mode == "gate-only":
-        print(f"etude loop: gate-only decision: {planned.line}", file=sys.stderr, flush=True)
+        again = config.canary.user_cv_from == "collect" and planned.users_per_arm is not None
+        print(f"etude loop: {'planned again on the collect window' if again else 'gate-only decision'}: "
+              f"{planned.line}", file=sys.stderr, flush=True)
     config = planned.apply(config)
     root.mkdir(parents=True, exist_ok=True)
     index = int(m.group(1)) if (m := re.search(r"(\d+)$", cdir.name)) else 1
@@ -280,7 +283,30 @@ class _Cycle:
         if n == 0 and self.cfg.specialise:  # not finished: a rerun collects again (same since)
             raise EtudeError(f"organisation {self.cfg.org!r} has no interactions in the collection window: nothing to "
                              f"train its adapter on (nothing was trained, the registry and the router are unchanged)")
-        self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions))
+        extra: dict[str, Any] = {}
+        if self.cfg.canary.user_cv_from == "collect" and self.cfg.traffic.kind == "scripted":
+            extra = self._plan_from_collect(since, until)
+        self.state.finish("collect", since=since, until=until, interactions=n, sessions=_session_summary(sessions),
+                          **extra)
+        if extra.get("refused"):
+            self._skip_rest("collect", extra["refused"], "skip")
+
+    def _plan_from_collect(self, since: float, until: float) -> dict[str, Any]:
+        """`[canary] user_cv_from = "collect"`: the plan again, for the noise production's users
+        showed in this window (etude.loop.plan.resettle), saved before the canary's first user.
+        The collect stage's outputs, with "refused" when the plan is unreachable under "refuse"."""
+        cv, users = collect_user_cv(self.store, self.cfg, since, until)
+        if cv is None:
+            return {"user_cv": None, "user_cv_users": users}
+        old = CanaryPlan.from_dict(self.state.data["plan"])
+        try:
+            new = resettle(self.cfg, self.store, old, cv, users)
+        except EtudeError as e:
+            return {"user_cv": cv, "user_cv_users": users, "refused": str(e)}
+        if new.mode == "gate-only" and old.mode != "gate-only":
+            print(f"etude loop: gate-only decision: {new.line}", file=sys.stderr, flush=True)
+        self.state.data["plan"] = new.to_dict()
+        return {"user_cv": cv, "user_cv_users": users}
 
     def stage_distill(self) -> None:
         c = self.state.stage("collect")["outputs"]

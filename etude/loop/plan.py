@@ -34,6 +34,7 @@ from typing import Any
 from etude.errors import EtudeError
 from etude.experiments.power import estimate_user_cv, plan
 from etude.loop.config import GuardrailSpec, LoopConfig
+from etude.loop.metrics import ab_rows, interaction_facts
 from etude.serve import registry
 
 SIGNAL = {"accept_rate": "keep_rate", "dissatisfied_rate": "dissatisfied_rate"}  # primary -> UserModel.expected key
@@ -47,6 +48,7 @@ class CanaryPlan:
     users_per_arm: tuple[int, int] | None  # control, canary; None without a plan
     reach: tuple[float, float] | None  # users per arm the window reaches; None when unknown
     line: str  # why the plan cannot be reached ("" when it can); said in one line when the cycle starts
+    user_cv: float | None = None  # the per-user noise the users per arm were planned for (None: no plan)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -54,7 +56,8 @@ class CanaryPlan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CanaryPlan:
         tup = lambda x: tuple(x) if x is not None else None  # noqa: E731
-        return cls(d["mode"], d["mde"], d["source"], tup(d["users_per_arm"]), tup(d["reach"]), d["line"])
+        return cls(d["mode"], d["mde"], d["source"], tup(d["users_per_arm"]), tup(d["reach"]), d["line"],
+                   d.get("user_cv"))
 
     def apply(self, cfg: LoopConfig) -> LoopConfig:
         """`cfg` with the settled mde (so the readout's τ and plan use the measured effect)."""
@@ -83,6 +86,7 @@ def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment:
         "mode": s.get("mode", "ab"), "mde_source": s.get("source", "[canary] mde"),
         "users_per_arm": list(s["users_per_arm"]) if s.get("users_per_arm") else None,
         "users_reach": list(s["reach"]) if s.get("reach") else None,
+        "user_cv": s.get("user_cv") if s.get("user_cv") is not None else c.user_cv,
         "sessions_per_user": cfg.traffic.sessions_per_user if cfg.traffic.kind == "scripted" else None,
     }
 
@@ -91,7 +95,9 @@ def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     """`cfg.canary` with the registered plan's decision fields: what the readout decides on."""
     fields = {k: (tuple(plan[k]) if k == "weights" else plan[k]) for k in DECISION_FIELDS}
     guards = tuple(GuardrailSpec(g["metric"], g["higher_is_better"], g["margin"]) for g in plan["guardrails"])
-    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="")
+    # the noise the users per arm were planned for (a plan registered before user_cv was recorded: the config's)
+    cv = plan.get("user_cv", cfg.canary.user_cv) if plan.get("mde") is not None else None
+    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="", user_cv_from="", user_cv=cv)
 
 
 SPECIALISED_KINDS = ("specialised", "specialised-by-time")
@@ -156,8 +162,10 @@ def previous_effect(cfg: LoopConfig) -> tuple[float, float, str]:
                      f"{cfg.canary.primary}; set [canary] mde for the first cycle (or run a pilot cycle)")
 
 
-def settle(cfg: LoopConfig, store: Any) -> CanaryPlan:
-    """The cycle's plan (see the module doc); EtudeError when unreachable under "refuse"."""
+def settle(cfg: LoopConfig, store: Any, measured_cv: float | None = None) -> CanaryPlan:
+    """The cycle's plan (see the module doc); EtudeError when unreachable under "refuse".
+    `measured_cv`: the per-user noise measured on this cycle's collect window (`collect_user_cv`),
+    which replaces an assumed or earlier one."""
     c = cfg.canary
     mde, source = c.mde, "[canary] mde"
     if c.mde_from == "previous":
@@ -165,7 +173,11 @@ def settle(cfg: LoopConfig, store: Any) -> CanaryPlan:
         if mde <= 0:
             line = f"the previous cycle measured no effect to plan for ({source})"
             return _unreachable(cfg, CanaryPlan("gate-only", None, source, None, cfg.canary_reach(), line))
-        c = dataclasses.replace(c, user_cv=cv, mde_from="", mde=mde)
+        c = dataclasses.replace(c, user_cv=cv if measured_cv is None else measured_cv, user_cv_from="",
+                                mde_from="", mde=mde)
+        cfg = dataclasses.replace(cfg, canary=c)
+    elif measured_cv is not None:
+        c = dataclasses.replace(c, user_cv=measured_cv, user_cv_from="")
         cfg = dataclasses.replace(cfg, canary=c)
     elif c.mde_from:
         held, where = measured_gain(c.mde_from, store, cfg.org)
@@ -181,8 +193,32 @@ def settle(cfg: LoopConfig, store: Any) -> CanaryPlan:
         return CanaryPlan("ab", mde, source, None, reach, "")
     p = plan(mde, c.user_cv, alpha=c.alpha, power=c.power, weights=c.weights)
     short = cfg.plan_shortfall(p)
-    out = CanaryPlan("gate-only" if short else "ab", mde, source, p.users_per_arm, reach, short or "")
+    out = CanaryPlan("gate-only" if short else "ab", mde, source, p.users_per_arm, reach, short or "", c.user_cv)
     return _unreachable(cfg, out) if short else out
+
+
+def collect_user_cv(store: Any, cfg: LoopConfig, since: float, until: float) -> tuple[float | None, int]:
+    """(per-user coefficient of variation of the primary metric, users) on production's collect
+    window [since, until): every user's rows as one arm (`estimate_user_cv`); None when fewer than
+    two users have the metric or it has no variance."""
+    facts = interaction_facts(store, cfg.org, None, since=since, until=until)
+    rows = ab_rows([{**f, "arm": "control"} for f in facts])
+    users = len({r["user_id"] for r in rows if r["metric"] == cfg.canary.primary})
+    try:
+        return estimate_user_cv(rows, cfg.canary.primary), users
+    except EtudeError:
+        return None, users
+
+
+def resettle(cfg: LoopConfig, store: Any, settled: CanaryPlan, cv: float, users: int) -> CanaryPlan:
+    """The plan settled at the cycle's start (`settled`, on `cfg` as `CanaryPlan.apply` left it),
+    planned again for the noise `cv` measured on the collect window's `users`; EtudeError when
+    unreachable under "refuse". A plan already gate-only (no effect to plan for) stays as it was."""
+    if settled.mode == "gate-only" and settled.users_per_arm is None:
+        return settled
+    out = settle(cfg, store, measured_cv=cv)
+    return dataclasses.replace(out, source=f"{settled.source}; user_cv {cv:.2f} measured on the collect window's "
+                                           f"{users} users")
 
 
 def _unreachable(cfg: LoopConfig, p: CanaryPlan) -> CanaryPlan:

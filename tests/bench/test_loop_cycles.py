@@ -26,7 +26,8 @@ def _pair(prod: list[float], cand: list[float], broken_prod: list[float] | None 
     bc = broken_cand or [0.0] * len(cand)
     out = []
     for arm, rs, bs in (("production", prod, bp), ("candidate", cand, bc)):
-        out += [{"arm": arm, "task": f"t{i}", "repeat_share": r, "broken_share": b} for i, (r, b) in
+        out += [{"arm": arm, "task": f"t{i}", "repeat_share": r, "broken_share": b, "broken_call_share": b}
+                for i, (r, b) in
                 enumerate(zip(rs, bs, strict=True))]
     return out
 
@@ -40,15 +41,27 @@ def test_a_decision_is_confirmed_only_when_held_out_repeats_drop_and_broken_call
     # fewer repeats bought with broken calls is not an improvement
     traded = lc.verdict_of(_pair([0.5] * n, [0.2] * n, [0.1] * n, [0.6 + 0.01 * (i % 3) for i in range(n)]))
     assert traded["better"] and traded["guardrail_worse"] and not traded["confirmed"]
+    # nor with more of the calls it makes broken (per call), though per turn it broke no more
+    per_call = _pair([0.5] * n, [0.2] * n)
+    for r in per_call:
+        r["broken_call_share"] = 0.1 if r["arm"] == "production" else 0.5 + 0.01 * (int(r["task"][1:]) % 3)
+    fewer_calls = lc.verdict_of(per_call)
+    assert fewer_calls["better"] and fewer_calls["broken_share"]["ci_low"] == 0 and fewer_calls["guardrail_worse"]
+    assert not fewer_calls["confirmed"]
 
 
 def test_cycle_one_plans_for_the_given_effect_and_later_cycles_for_the_previous_readout(tmp_path):
     base = LoopConfig.from_toml(CONFIG)
     s = lc.DEFAULT
     first = lc.cycle_config(base, s, root=tmp_path, production="/m", backend="vllm", previous=False, quick=False)
-    assert (first.canary.mde, first.canary.user_cv, first.canary.mde_from) == (s.mde, s.user_cv, "")
+    # the per-user noise is measured on each cycle's collect window, not assumed
+    assert (first.canary.mde, first.canary.user_cv, first.canary.mde_from) == (s.mde, None, "")
+    assert first.canary.user_cv_from == "collect"
     second = lc.cycle_config(base, s, root=tmp_path, production="/m", backend="vllm", previous=True, quick=False)
     assert second.canary.mde is None and second.canary.mde_from == "previous"
+    assert second.canary.user_cv_from == "collect"
+    quick = lc.cycle_config(base, lc.QUICK, root=tmp_path, production="/m", backend="hf", previous=False, quick=True)
+    assert (quick.canary.user_cv, quick.canary.user_cv_from) == (lc.QUICK.user_cv, "")
     assert first.traffic.users == s.users and first.eval.backend == first.server.backend == "vllm"
     # the users run production's own harness: the warm start's tools, turns and read window
     h = first.traffic.harness

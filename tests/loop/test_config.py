@@ -121,8 +121,11 @@ def test_behaviour_config_runs_productions_harness_and_weights_the_behaviour_fir
     assert h is not None and h.tools == ("read_file", "edit_file", "grep", "run_terminal", "semantic_search")
     assert cfg.traffic.sampling_temperature() == h.temperature == 0.7
     w = cfg.distill.reward_config().weights
-    assert w["repeated_calls"] == w["broken_calls"] == 1.0 and w["followup"] == 0.5  # merged over the defaults
+    assert w["repeated_calls"] == 1.0 and w["broken_calls"] == 2.0 and w["followup"] == 0.5  # merged over the defaults
     assert cfg.canary.primary == "repeat_rate" and not cfg.canary.primary_higher_is_better
+    # filtered behaviour cloning, a per-call guardrail and the noise measured on the collect window
+    assert cfg.train.negative_weight == 0.0 and cfg.canary.user_cv_from == "collect" and cfg.canary.user_cv is None
+    assert {"broken_call_rate", "tool_error_rate"} <= {g.metric for g in cfg.canary.guardrails}
     assert LoopConfig().distill.reward_config() is None  # no table: the rewards' defaults
     # without [traffic.harness] the users' sampling temperature is [traffic] temperature
     p = tmp_path / "c.toml"

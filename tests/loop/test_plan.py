@@ -5,7 +5,9 @@ exit and nothing touched)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from etude.errors import EtudeError
 from etude.experiments.power import plan
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.config import CanarySection, TrafficConfig
-from etude.loop.plan import mde_from_gain, settle
+from etude.loop.plan import canary_of, collect_user_cv, mde_from_gain, registered_plan, resettle, settle
 from etude.loop.readout import ab_config
 from etude.loop.state import CycleState
 from etude.serve import registry
@@ -179,3 +181,58 @@ def test_the_mde_comes_from_the_previous_cycles_measured_lift(tmp_path) -> None:
     p = settle(cfg, None)
     assert p.mde == pytest.approx(0.2) and "previous cycle cycle-0001: accept_rate lift -20.0%" in p.source
     assert p.users_per_arm and p.users_per_arm[0] > 10
+
+
+def _collect_window(store, org: str, broken_per_user: list[int]) -> None:
+    """Production's collect window: one user per entry, each with two interactions, `k` broken
+    calls in the first (a malformed call each)."""
+    store.ensure_org(org)
+    for i, k in enumerate(broken_per_user):
+        for j in range(2):
+            store.log_interaction({
+                "org_id": org, "user_id": f"u{i}", "session_id": f"s{i}", "checkpoint": "prod", "policy_version": 0,
+                "latency_s": 1.0, "messages": [{"role": "user", "content": "fix it"}],
+                "response": {"content": "", "tool_calls": [], "parse_errors": ["bad JSON"] * (k if j == 0 else 0)}})
+
+
+def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_path: Path) -> None:
+    """Issue 46 item 2: `user_cv_from = "collect"` plans the canary for the per-user noise
+    production's own users showed in the cycle's collect window, before the canary's first user:
+    the same effect needs more users when they are noisier, and a window that cannot reach them
+    goes gate-only with the measured figure in its line."""
+    with pytest.raises(EtudeError, match="user_cv or user_cv_from, not both"):
+        CanarySection(mde=0.5, user_cv=1.0, user_cv_from="collect")
+    with pytest.raises(EtudeError, match="user_cv_from must be"):
+        CanarySection(mde=0.5, user_cv_from="pilot")
+    canary = CanarySection(primary="tool_error_rate", primary_higher_is_better=False, mde=0.5,
+                           user_cv_from="collect", underpowered="gate-only")
+    cfg = LoopConfig(root=str(tmp_path / "root"), canary=canary, traffic=TrafficConfig(users=2000))
+    store = open_store(cfg.db_url())
+    t0 = time.time()
+    _collect_window(store, cfg.org, [0, 1, 1, 2, 0, 3, 1, 0, 5, 1])  # noisy: a few users break a lot
+    first = settle(cfg, store)  # at the cycle's start: no noise measured yet, so no users per arm
+    assert first.mode == "ab" and first.users_per_arm is None and first.user_cv is None
+    cv, users = collect_user_cv(store, cfg, t0 - 1, time.time() + 1)
+    assert users == 10 and cv is not None and cv > 0.5
+    again = resettle(cfg, store, first, cv, users)
+    assert again.mode == "ab" and again.user_cv == cv and again.users_per_arm == plan(0.5, cv).users_per_arm
+    assert "measured on the collect window's 10 users" in again.source
+    # a calmer window needs fewer users for the same effect
+    calm = open_store(f"sqlite:///{tmp_path / 'calm.db'}")
+    _collect_window(calm, cfg.org, [2, 2, 1, 2, 2, 3, 2, 2, 2, 2])
+    cv_calm, _ = collect_user_cv(calm, cfg, t0 - 1, time.time() + 1)
+    assert cv_calm < cv and max(resettle(cfg, calm, first, cv_calm, 10).users_per_arm) < max(again.users_per_arm)
+    # the registered plan carries the measured noise to the readout
+    reg = registered_plan(cfg, again.to_dict(), "exp")
+    assert reg["user_cv"] == cv and canary_of(reg, cfg).plan().users_per_arm == again.users_per_arm
+    # 40 users reach 20 an arm: short of the plan, so gate-only, saying what was measured
+    small = dataclasses.replace(cfg, traffic=TrafficConfig(users=40))
+    short = resettle(small, store, first, cv, users)
+    assert short.mode == "gate-only" and f"user_cv {cv:g}" in short.line and "reaches about 20/20" in short.line
+    with pytest.raises(EtudeError, match="reaches about 20/20"):
+        resettle(dataclasses.replace(small, canary=dataclasses.replace(canary, underpowered="refuse")), store, first,
+                 cv, users)
+    # too few users to measure: nothing to plan again with
+    empty = open_store(f"sqlite:///{tmp_path / 'empty.db'}")
+    _collect_window(empty, cfg.org, [1])
+    assert collect_user_cv(empty, cfg, t0 - 1, time.time() + 1) == (None, 1)
