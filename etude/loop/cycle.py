@@ -55,8 +55,15 @@ from etude.loop.config import LoopConfig
 from etude.loop.decision import decide, gate_only, gate_status, gated, inconclusive_reason
 from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
-from etude.loop.plan import (CanaryPlan, canary_of, collect_user_cv, registered_plan, resettle, settle,
-                             specialised_candidate)
+from etude.loop.plan import (
+    CanaryPlan,
+    canary_of,
+    collect_user_cv,
+    registered_plan,
+    resettle,
+    settle,
+    specialised_candidate,
+)
 from etude.loop.population import make_population, repo_of
 from etude.loop.readout import ab_config
 from etude.loop.server import running_server
