@@ -140,7 +140,9 @@ class Sizes(NamedTuple):
     hack_rounds: int = 1  # canary rounds of a hack cycle (the same users each round, next requests)
 
 
-DEFAULT = Sizes(users=32, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.5,
+# 80 users reach 40 an arm: the plan for a 95% drop (the pilot, loop_cycles_filtered.json's first canary,
+# measured -96%) needs 31 an arm at the user_cv 1.34 that pilot's collect window showed, 40 at 1.5
+DEFAULT = Sizes(users=80, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.95,
                 user_cv=0.5)
 QUICK = Sizes(users=4, user_tasks=2, gate_tasks=2, confirm_tasks=2, workers=2, steps=1, aa_splits=20, mde=0.9,
               user_cv=0.2, hack_steps=4, hack_users=4, hack_mde=0.9)  # plans 2 users an arm reach
