@@ -280,6 +280,12 @@ class CanarySection:
     primary metric's per-user rows) and settle the plan when collection ends, before the canary's
     first user — instead of assuming it (`user_cv`) or reading the previous canary's. A cycle whose
     measured noise needs more users than the window reaches then goes gate-only (or refuses)."""
+    aa_check_splits: int = 0
+    """with `user_cv_from = "collect"`: re-deal the collect window's users (production alone, an
+    A/A) this many times into the planned arms and read each with the registered rule
+    (etude.loop.readout.aa_rates); when the exact 95% interval of its false-promotion or
+    false-guardrail-rollback rate lies wholly above alpha, the readout is not valid at this size and
+    the cycle goes gate-only (or refuses), saying so in one line. 0: no check."""
     window_users: int | None = None
     """users the canary window can reach, both arms together (None: scripted traffic's
     `[traffic] users`; other traffic kinds are then not checked)."""
@@ -305,6 +311,9 @@ class CanarySection:
             raise EtudeError("[canary] window_users must be >= 1")
         if self.user_cv_from not in ("", "collect"):
             raise EtudeError(f"[canary] user_cv_from must be \"collect\" or empty, not {self.user_cv_from!r}")
+        if self.aa_check_splits < 0 or (self.aa_check_splits and not self.user_cv_from):
+            raise EtudeError("[canary] aa_check_splits must be >= 0, and re-deals the collect window: it needs "
+                             "user_cv_from = \"collect\"")
         if self.user_cv_from and self.user_cv is not None:
             raise EtudeError("[canary] set user_cv or user_cv_from, not both")
         if self.mde_from == "previous":

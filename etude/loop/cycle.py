@@ -57,12 +57,14 @@ from etude.loop.distill import DistillConfig, distill
 from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 from etude.loop.plan import (
     CanaryPlan,
+    aa_check,
     canary_of,
     collect_user_cv,
     registered_plan,
     resettle,
     settle,
     specialised_candidate,
+    window_rows,
 )
 from etude.loop.population import make_population, repo_of
 from etude.loop.readout import ab_config
@@ -303,17 +305,21 @@ class _Cycle:
         showed in this window (etude.loop.plan.resettle), saved before the canary's first user.
         The collect stage's outputs, with "refused" when the plan is unreachable under "refuse"."""
         cv, users = collect_user_cv(self.store, self.cfg, since, until)
+        out: dict[str, Any] = {"user_cv": cv, "user_cv_users": users}
         if cv is None:
-            return {"user_cv": None, "user_cv_users": users}
+            return out
         old = CanaryPlan.from_dict(self.state.data["plan"])
         try:
             new = resettle(self.cfg, self.store, old, cv, users)
+            if new.mode == "ab" and self.cfg.canary.aa_check_splits:
+                new, out["aa_check"] = aa_check(self.cfg, new, window_rows(self.store, self.cfg, since, until),
+                                                seed=self.index)
         except EtudeError as e:
-            return {"user_cv": cv, "user_cv_users": users, "refused": str(e)}
+            return {**out, "refused": str(e)}
         if new.mode == "gate-only" and old.mode != "gate-only":
             print(f"etude loop: gate-only decision: {new.line}", file=sys.stderr, flush=True)
         self.state.data["plan"] = new.to_dict()
-        return {"user_cv": cv, "user_cv_users": users}
+        return out
 
     def stage_distill(self) -> None:
         c = self.state.stage("collect")["outputs"]

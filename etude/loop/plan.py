@@ -35,6 +35,7 @@ from etude.errors import EtudeError
 from etude.experiments.power import estimate_user_cv, plan
 from etude.loop.config import GuardrailSpec, LoopConfig
 from etude.loop.metrics import ab_rows, interaction_facts
+from etude.loop.readout import aa_rates
 from etude.serve import registry
 
 SIGNAL = {"accept_rate": "keep_rate", "dissatisfied_rate": "dissatisfied_rate"}  # primary -> UserModel.expected key
@@ -174,10 +175,10 @@ def settle(cfg: LoopConfig, store: Any, measured_cv: float | None = None) -> Can
             line = f"the previous cycle measured no effect to plan for ({source})"
             return _unreachable(cfg, CanaryPlan("gate-only", None, source, None, cfg.canary_reach(), line))
         c = dataclasses.replace(c, user_cv=cv if measured_cv is None else measured_cv, user_cv_from="",
-                                mde_from="", mde=mde)
+                                aa_check_splits=0, mde_from="", mde=mde)
         cfg = dataclasses.replace(cfg, canary=c)
     elif measured_cv is not None:
-        c = dataclasses.replace(c, user_cv=measured_cv, user_cv_from="")
+        c = dataclasses.replace(c, user_cv=measured_cv, user_cv_from="", aa_check_splits=0)
         cfg = dataclasses.replace(cfg, canary=c)
     elif c.mde_from:
         held, where = measured_gain(c.mde_from, store, cfg.org)
@@ -197,17 +198,42 @@ def settle(cfg: LoopConfig, store: Any, measured_cv: float | None = None) -> Can
     return _unreachable(cfg, out) if short else out
 
 
+def window_rows(store: Any, cfg: LoopConfig, since: float, until: float) -> list[dict[str, Any]]:
+    """Production's per-user A/B rows of the window [since, until), every user in one arm."""
+    return ab_rows([{**f, "arm": "control"} for f in interaction_facts(store, cfg.org, None, since=since, until=until)])
+
+
 def collect_user_cv(store: Any, cfg: LoopConfig, since: float, until: float) -> tuple[float | None, int]:
     """(per-user coefficient of variation of the primary metric, users) on production's collect
-    window [since, until): every user's rows as one arm (`estimate_user_cv`); None when fewer than
-    two users have the metric or it has no variance."""
-    facts = interaction_facts(store, cfg.org, None, since=since, until=until)
-    rows = ab_rows([{**f, "arm": "control"} for f in facts])
+    window [since, until) (`window_rows`, `estimate_user_cv`); None when fewer than two users have
+    the metric or it has no variance."""
+    rows = window_rows(store, cfg, since, until)
     users = len({r["user_id"] for r in rows if r["metric"] == cfg.canary.primary})
     try:
         return estimate_user_cv(rows, cfg.canary.primary), users
     except EtudeError:
         return None, users
+
+
+def aa_check(cfg: LoopConfig, p: CanaryPlan, rows: list[dict[str, Any]], seed: int) -> tuple[CanaryPlan, dict[str, Any]]:
+    """`[canary] aa_check_splits` A/A re-deals of the collect window's `rows` under plan `p`'s
+    rule (etude.loop.readout.aa_rates): `p` unchanged when the readout holds its error rates there,
+    else gate-only with the measured rate in its line (EtudeError under "refuse"); and the rates."""
+    c = cfg.canary
+    planned = dataclasses.replace(cfg, canary=dataclasses.replace(c, mde=p.mde, user_cv=p.user_cv, user_cv_from="",
+                                                                  aa_check_splits=0, mde_from=""))
+    aa = aa_rates(rows, planned, splits=c.aa_check_splits, seed=seed)
+    rates = {k: aa[k] for k in ("splits", "users", "false_promotion", "false_guardrail_rollback")}
+    bad = [(what, aa[key]) for key, what in (("false_promotion", "promote"), ("false_guardrail_rollback",
+                                                                                "roll back on a guardrail"))
+           if aa[key]["ci95"][0] > c.alpha]
+    if not bad:
+        return p, rates
+    what, r = bad[0]
+    line = (f"A/A re-deals of the collect window's {aa['users']} users {what} {r['k']}/{r['n']} times "
+            f"({r['rate']:.1%}, exact 95% interval [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]), above alpha "
+            f"{c.alpha:g}: the readout is not valid at this size")
+    return _unreachable(cfg, dataclasses.replace(p, mode="gate-only", line=line)), rates
 
 
 def resettle(cfg: LoopConfig, store: Any, settled: CanaryPlan, cv: float, users: int) -> CanaryPlan:

@@ -125,6 +125,7 @@ def test_behaviour_config_runs_productions_harness_and_weights_the_behaviour_fir
     assert cfg.canary.primary == "repeat_rate" and not cfg.canary.primary_higher_is_better
     # filtered behaviour cloning, a per-call guardrail and the noise measured on the collect window
     assert cfg.train.negative_weight == 0.0 and cfg.canary.user_cv_from == "collect" and cfg.canary.user_cv is None
+    assert cfg.canary.aa_check_splits == 200
     assert {"broken_call_rate", "tool_error_rate"} <= {g.metric for g in cfg.canary.guardrails}
     assert LoopConfig().distill.reward_config() is None  # no table: the rewards' defaults
     # without [traffic.harness] the users' sampling temperature is [traffic] temperature

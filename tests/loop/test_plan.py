@@ -16,7 +16,17 @@ from etude.errors import EtudeError
 from etude.experiments.power import plan
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.config import CanarySection, TrafficConfig
-from etude.loop.plan import canary_of, collect_user_cv, mde_from_gain, registered_plan, resettle, settle
+from etude.loop.plan import (
+    CanaryPlan,
+    aa_check,
+    canary_of,
+    collect_user_cv,
+    mde_from_gain,
+    registered_plan,
+    resettle,
+    settle,
+    window_rows,
+)
 from etude.loop.readout import ab_config
 from etude.loop.state import CycleState
 from etude.serve import registry
@@ -183,12 +193,13 @@ def test_the_mde_comes_from_the_previous_cycles_measured_lift(tmp_path) -> None:
     assert p.users_per_arm and p.users_per_arm[0] > 10
 
 
-def _collect_window(store, org: str, broken_per_user: list[int]) -> None:
-    """Production's collect window: one user per entry, each with two interactions, `k` broken
-    calls in the first (a malformed call each)."""
+def _collect_window(store, org: str, broken_per_user: list) -> None:
+    """Production's collect window: one user per entry `k` (two interactions) or `(k, n)` (n
+    interactions), with `k` broken calls in the first (a malformed call each)."""
     store.ensure_org(org)
-    for i, k in enumerate(broken_per_user):
-        for j in range(2):
+    for i, entry in enumerate(broken_per_user):
+        k, n = entry if isinstance(entry, tuple) else (entry, 2)
+        for j in range(n):
             store.log_interaction({
                 "org_id": org, "user_id": f"u{i}", "session_id": f"s{i}", "checkpoint": "prod", "policy_version": 0,
                 "latency_s": 1.0, "messages": [{"role": "user", "content": "fix it"}],
@@ -236,3 +247,35 @@ def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_
     empty = open_store(f"sqlite:///{tmp_path / 'empty.db'}")
     _collect_window(empty, cfg.org, [1])
     assert collect_user_cv(empty, cfg, t0 - 1, time.time() + 1) == (None, 1)
+
+
+def test_a_size_the_collect_windows_a_a_re_deals_reject_goes_gate_only(tmp_path: Path) -> None:
+    """Issue 46 item 3: the always-valid test is asymptotic. On a window where a few users make
+    all the errors, re-dealing production's own users into the planned arms promotes far more
+    often than alpha (the pilot's window: 24 of 200); `aa_check_splits` measures that before the
+    canary and declines to read a canary there. A calm window keeps its plan."""
+    def checked(pattern: list, name: str):
+        canary = CanarySection(primary="tool_error_rate", primary_higher_is_better=False, mde=0.95,
+                               user_cv_from="collect", underpowered="gate-only", aa_check_splits=200)
+        cfg = LoopConfig(root=str(tmp_path / name), canary=canary, traffic=TrafficConfig(users=len(pattern)))
+        store = open_store(cfg.db_url())
+        t0 = time.time()
+        _collect_window(store, cfg.org, pattern)
+        cv, users = collect_user_cv(store, cfg, t0 - 1, time.time() + 1)
+        p = CanaryPlan("ab", 0.95, "[canary] mde", (users // 2,) * 2, (users / 2,) * 2, "", cv)
+        return cfg, p, aa_check(cfg, p, window_rows(store, cfg, t0 - 1, time.time() + 1), seed=1)
+
+    with pytest.raises(EtudeError, match="needs user_cv_from"):
+        CanarySection(mde=0.5, user_cv=1.0, aa_check_splits=200)
+    hcfg, _, (heavy, rates) = checked([(0, 2)] * 12 + [(6, 7), (7, 6), (9, 12), (11, 13)], "heavy")
+    assert rates["splits"] == 200 and rates["users"] == 16
+    assert rates["false_promotion"]["ci95"][0] > 0.05 and heavy.mode == "gate-only"
+    assert heavy.line.startswith("A/A re-deals of the collect window's 16 users promote ")
+    assert "the readout is not valid at this size" in heavy.line
+    cfg, p, (calm, rates) = checked([1, 2, 1, 1, 2, 1, 1, 3, 1, 2, 1, 1], "calm")
+    assert calm == p and rates["false_promotion"]["ci95"][0] <= 0.05
+    refuse = dataclasses.replace(hcfg, traffic=TrafficConfig(users=4000),
+                                 canary=dataclasses.replace(hcfg.canary, underpowered="refuse"))
+    rows = window_rows(open_store(refuse.db_url()), refuse, 0, time.time() + 1)
+    with pytest.raises(EtudeError, match="not valid at this size"):  # under "refuse": one line
+        aa_check(refuse, dataclasses.replace(heavy, mode="ab", line=""), rows, seed=1)
