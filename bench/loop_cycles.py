@@ -170,9 +170,10 @@ def cycle_config(base: LoopConfig, s: Sizes, *, root: Path, production: str, bac
     # the noise is measured on each cycle's collect window ([canary] user_cv_from), except --quick's
     # (its 4 users plan for the assumed s.user_cv, so that its two cycles reach a canary)
     measured = bool(base.canary.user_cv_from) and not quick
-    cv_from = base.canary.user_cv_from if measured else ""
-    canary = (replace(base.canary, mde=None, user_cv=None, mde_from="previous", user_cv_from=cv_from) if previous else
-              replace(base.canary, mde=s.mde, user_cv=None if measured else s.user_cv, mde_from="", user_cv_from=cv_from))
+    from_collect = {"user_cv_from": base.canary.user_cv_from if measured else "",
+                    "aa_check_splits": base.canary.aa_check_splits if measured else 0}
+    canary = (replace(base.canary, mde=None, user_cv=None, mde_from="previous", **from_collect) if previous else
+              replace(base.canary, mde=s.mde, user_cv=None if measured else s.user_cv, mde_from="", **from_collect))
     traffic = replace(base.traffic, users=s.users, max_tasks=s.user_tasks)
     ev = replace(base.eval, max_tasks=s.gate_tasks, min_tasks=s.gate_tasks, workers=s.workers, backend=backend)
     if quick:  # the tiny model: short turns, so a cycle runs in minutes
