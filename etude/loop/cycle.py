@@ -505,7 +505,7 @@ class _Cycle:
     def _publish(self, exp_id: str, rd: dict[str, Any], rnd: int | None, decision: str | None, reason: str) -> None:
         """Record the readout the loop decides on in the store, where `etude serve`'s /dashboard
         reads it (the server has no loop config, and etude.serve may not import etude.loop)."""
-        plan = self.cfg.canary.plan()
+        plan = self._canary(exp_id).plan()  # the registered plan's users per arm (its measured user_cv)
         registry.record_readout(self.store, exp_id, {
             "round": rnd, "rounds": self.cfg.canary.rounds, "ab": rd["ab"], "plan": plan.to_dict() if plan else None,
             "primary": self.cfg.canary.primary, "arm_ratios": rd["arm_ratios"], "alarms": rd["alarms"],
