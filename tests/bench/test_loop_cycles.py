@@ -57,6 +57,8 @@ def test_cycle_one_plans_for_the_given_effect_and_later_cycles_for_the_previous_
     # the per-user noise is measured on each cycle's collect window, not assumed
     assert (first.canary.mde, first.canary.user_cv, first.canary.mde_from) == (s.mde, None, "")
     assert first.canary.user_cv_from == "collect"
+    # a canary window larger than the collect window: the plan's reach
+    assert first.traffic.users == s.users and first.canary.window_users == s.canary_users > s.users
     second = lc.cycle_config(base, s, root=tmp_path, production="/m", backend="vllm", previous=True, quick=False)
     assert second.canary.mde is None and second.canary.mde_from == "previous"
     assert second.canary.user_cv_from == "collect"

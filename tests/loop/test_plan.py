@@ -279,3 +279,20 @@ def test_a_size_the_collect_windows_a_a_re_deals_reject_goes_gate_only(tmp_path:
     rows = window_rows(open_store(refuse.db_url()), refuse, 0, time.time() + 1)
     with pytest.raises(EtudeError, match="not valid at this size"):  # under "refuse": one line
         aa_check(refuse, dataclasses.replace(heavy, mode="ab", line=""), rows, seed=1)
+
+
+def test_a_canary_window_of_its_own_size_sends_the_collect_users_and_more(tmp_path: Path, monkeypatch) -> None:
+    """`[canary] window_users`: scripted traffic sends that many users in a canary round (the plan's
+    reach), the collect window's users first, while collection keeps `[traffic] users`."""
+    from etude.loop import cycle
+
+    sent: dict[str, list[str]] = {}
+    monkeypatch.setattr(cycle, "run_population", lambda url, key, users, **kw: sent.setdefault(
+        kw["round_key"].split(":")[1], [u.id for u in users]))
+    cfg = LoopConfig(root=str(tmp_path), traffic=TrafficConfig(users=6, tasks="builtin:curriculum:train", max_tasks=4),
+                     canary=CanarySection(window_users=10))
+    assert cfg.canary_reach() == (5.0, 5.0)
+    for phase in ("collect", "canary"):
+        cycle.builtin_traffic(cycle.TrafficContext(phase, 0, cfg.org, cfg.db_url(), "k", tmp_path / "cycle-0001", cfg,
+                                                   lambda: "http://x"))
+    assert len(sent["collect"]) == 6 and len(sent["canary"]) == 10 and sent["canary"][:6] == sent["collect"]
