@@ -98,7 +98,8 @@ def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     guards = tuple(GuardrailSpec(g["metric"], g["higher_is_better"], g["margin"]) for g in plan["guardrails"])
     # the noise the users per arm were planned for (a plan registered before user_cv was recorded: the config's)
     cv = plan.get("user_cv", cfg.canary.user_cv) if plan.get("mde") is not None else None
-    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="", user_cv_from="", user_cv=cv)
+    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="", user_cv_from="", aa_check_splits=0,
+                               user_cv=cv)
 
 
 SPECIALISED_KINDS = ("specialised", "specialised-by-time")

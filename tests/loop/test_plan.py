@@ -236,6 +236,8 @@ def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_
     # the registered plan carries the measured noise to the readout
     reg = registered_plan(cfg, again.to_dict(), "exp")
     assert reg["user_cv"] == cv and canary_of(reg, cfg).plan().users_per_arm == again.users_per_arm
+    checked = dataclasses.replace(cfg, canary=dataclasses.replace(canary, aa_check_splits=200))
+    assert canary_of(registered_plan(checked, again.to_dict(), "exp"), checked).plan().users_per_arm == again.users_per_arm
     # 40 users reach 20 an arm: short of the plan, so gate-only, saying what was measured
     small = dataclasses.replace(cfg, traffic=TrafficConfig(users=40))
     short = resettle(small, store, first, cv, users)
