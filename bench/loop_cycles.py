@@ -27,8 +27,11 @@ requests (train split) nor the gate (validation split) come from), greedy, with 
 on `--backend`, paired by task. Per episode: `repeat_share` (calls identical to an earlier call
 of the episode, per turn: the loop's repeat_rate measured offline), `broken_share` (broken calls
 per turn), `resolved`. A promotion is TRUE when the candidate's paired mean repeat_share is below
-production's with its 95% bootstrap interval below zero and broken_share not significantly worse
-(its interval not wholly above zero); any other promotion is FALSE. A rollback is checked the same
+production's with its 95% bootstrap interval below zero and no guardrail measure significantly
+worse: broken_share and broken_call_share (broken calls per turn, per attempted call: interval
+not wholly above zero) and, since stop 54, `edited` (the share of episodes with an attempted edit:
+interval not wholly below zero; a candidate that stops editing has fewer repeated and broken calls
+and fixes nothing); any other promotion is FALSE. A rollback is checked the same
 way (`missed`: a rollback whose candidate the ground truth shows better).
 
 A/A (item 7): each cycle's collect window (production alone, every user) re-dealt `--aa-splits`
@@ -76,7 +79,7 @@ from etude.experiments.power import estimate_user_cv
 from etude.harness.record import load_trajectory
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.cycle import TrafficContext, builtin_traffic, gate_eval_config
-from etude.loop.metrics import ab_rows, interaction_facts
+from etude.loop.metrics import EDIT_TOOLS, ab_rows, interaction_facts
 from etude.loop.plan import canary_of, previous_effect
 from etude.loop.readout import aa_rates
 from etude.loop.state import STAGES
@@ -85,7 +88,7 @@ from etude.policy import resolve_backend
 from etude.policy.local import completion_ids
 from etude.policy.models import load_model
 from etude.provenance import provenance
-from etude.rewards.terms import repeats
+from etude.rewards.terms import is_edit, repeats
 from etude.serve import registry
 from etude.store import open_store
 from etude.train.metrics import read_metrics
@@ -275,7 +278,11 @@ def episode_measures(run: Path, arm: str, cycle: str) -> list[dict[str, Any]]:
         broken = traj.broken_calls if traj is not None else int(eff.get("broken_calls") or 0)
         calls = (sum(len(t.tool_executions) + len(t.parse_errors) for t in traj.turns) if traj is not None
                  else int(eff.get("tool_calls") or 0) + int(eff.get("parse_errors") or 0))
-        out.append({"record": "confirm", "cycle": cycle, "arm": arm, "task": r["instance_id"],
+        # an attempted edit (etude.loop.metrics' edit_rate, per episode): a candidate that stops
+        # editing has fewer repeated and broken calls and fixes nothing
+        edited = (int(any(x.call.name in EDIT_TOOLS or is_edit(x) for t in traj.turns for x in t.tool_executions))
+                  if traj is not None else None)
+        out.append({"record": "confirm", "cycle": cycle, "arm": arm, "task": r["instance_id"], "edited": edited,
                     "status": r.get("status"), "resolved": int(bool(r.get("resolved")) and ok),
                     "turns": n_turns, "repeated_calls": rep, "broken_calls": broken, "calls": calls,
                     "repeat_share": rep / max(1, n_turns), "broken_share": broken / max(1, n_turns),
@@ -316,6 +323,15 @@ def verdict_of(recs: list[dict[str, Any]]) -> dict[str, Any]:
     better = out["repeat_share"]["ci_high"] < 0
     # every guardrail measure present (records before broken_call_share have only broken_share)
     worse = any(out[m]["ci_low"] > 0 for m in MEASURES[1:] if out[m].get("ci_low") is not None)
+    # and the edits: episodes with an attempted edit must not fall (records before stop 54 have none)
+    a = {r["task"]: r["edited"] for r in recs if r["arm"] == "production" and r.get("edited") is not None}
+    b = {r["task"]: r["edited"] for r in recs if r["arm"] == "candidate" and r.get("edited") is not None}
+    keys = sorted(set(a) & set(b))
+    if keys:
+        out["edited"] = stats.paired_mean_diff([a[k] for k in keys], [b[k] for k in keys])
+        fewer = out["edited"].get("ci_high") is not None and out["edited"]["ci_high"] < 0
+        out["fewer_edits"] = bool(fewer)
+        worse = worse or fewer
     return {**out, "better": bool(better), "guardrail_worse": bool(worse), "confirmed": bool(better and not worse)}
 
 
@@ -519,6 +535,9 @@ def figures_of(records: list[dict[str, Any]], cycles: list[dict[str, Any]]) -> d
             for m in MEASURES:
                 figs[f"confirm.{name}.{m}"] = {"kind": "paired_mean", "a": a, "b": b, "key": "task", "field": m}
             figs[f"confirm.{name}.resolved"] = {"kind": "paired", "a": a, "b": b, "key": "task", "field": "resolved"}
+            if all(r.get("edited") is not None for r in records if all(r.get(k) == v for k, v in conf.items())):
+                figs[f"confirm.{name}.edited"] = {"kind": "paired_mean", "a": a, "b": b, "key": "task",
+                                                  "field": "edited"}
             figs[f"production_repeat_share.{name}"] = {"kind": "mean", "of": a, "field": "repeat_share"}
     return figs
 
@@ -632,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             "backend": b.backend, "confirm_tasks": [t.instance_id for t in tasks], "cycles": b.cycles,
             "rule": "true promotion: promoted, and held out the candidate's paired mean repeat_share is below "
                     "production's (95% bootstrap interval below 0) with neither broken_share's (per turn) nor "
-                    "broken_call_share's (per attempted call) interval wholly above 0",
+                    "broken_call_share's (per attempted call) interval wholly above 0, nor the share of episodes "
+                    "with an attempted edit (edited) wholly below 0",
             "note": "cycle 1 plans for --mde, later cycles for the previous cycle's measured lift; the per-user "
                     "noise is the collect window's (cycles[].collect_user_cv) under [canary] user_cv_from = "
                     "\"collect\", else --user-cv for cycle 1 and the previous readout's after"}

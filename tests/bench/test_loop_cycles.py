@@ -48,6 +48,13 @@ def test_a_decision_is_confirmed_only_when_held_out_repeats_drop_and_broken_call
     fewer_calls = lc.verdict_of(per_call)
     assert fewer_calls["better"] and fewer_calls["broken_share"]["ci_low"] == 0 and fewer_calls["guardrail_worse"]
     assert not fewer_calls["confirmed"]
+    # nor by no longer editing: fewer repeats and broken calls from a candidate that reads and stops
+    quitter = _pair([0.5] * n, [0.2] * n)
+    for r in quitter:
+        r["edited"] = int(r["arm"] == "production" or int(r["task"][1:]) % 10 == 0)
+    stopped = lc.verdict_of(quitter)
+    assert stopped["better"] and stopped["fewer_edits"] and stopped["guardrail_worse"] and not stopped["confirmed"]
+    assert stopped["edited"]["mean_diff"] == pytest.approx(-0.9)
 
 
 def test_cycle_one_plans_for_the_given_effect_and_later_cycles_for_the_previous_readout(tmp_path):
