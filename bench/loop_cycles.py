@@ -408,7 +408,8 @@ class Bench:
     def readout_settings(self, rep: dict[str, Any]) -> dict[str, Any]:
         canary = json.loads((Path(rep["cycle_dir"]) / "state.json").read_text())["config"]["canary"]
         return {"alpha": canary["alpha"], "weights": list(canary["weights"]), "power": canary["power"],
-                **({"mde": canary["mde"]} if canary.get("mde") is not None else {})}
+                **({"mde": canary["mde"]} if canary.get("mde") is not None else {}),
+                **({"min_look_users": canary["min_look_users"]} if canary.get("min_look_users") else {})}
 
     def add_cycle_records(self, rep: dict[str, Any], traffic: Traffic, conf: list[dict[str, Any]]) -> None:
         name = Path(rep["cycle_dir"]).name

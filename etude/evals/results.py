@@ -92,7 +92,7 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
                         "power_at_margin", "n_for_power", "power_target"}),
     "paired_mean": ({"a", "b", "key", "field"}, {"cluster"},
                     {"n", "n_clusters", "mean_a", "mean_b", "mean_diff", "ci_low", "ci_high", "p"}),
-    "ab": ({"of", "metric"}, {"alpha", "mde", "power", "weights"},
+    "ab": ({"of", "metric"}, {"alpha", "mde", "power", "weights", "min_look_users"},
            {"users_control", "users_treatment", "control", "treatment", "delta", "ci_low", "ci_high", "p_value",
             "msprt_p", "msprt_ci_low", "msprt_ci_high"}),
 }
@@ -257,7 +257,8 @@ def _ab(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str)
         raise ResultError(f"figure {name}: a selected record has no field {missing!r} (ab needs {', '.join(AB_ROW)})")
     try:
         cfg = ABConfig(alpha=float(fig.get("alpha", 0.05)), weights=tuple(fig.get("weights", (0.5, 0.5))),
-                       mde=fig.get("mde"), power=float(fig.get("power", 0.8)))
+                       mde=fig.get("mde"), power=float(fig.get("power", 0.8)),
+                       min_look_users=int(fig.get("min_look_users", 0)))
         m = analyze_metric([dict(r) for r in rows], str(fig["metric"]), cfg)
     except (EtudeError, TypeError, ValueError) as e:
         raise ResultError(f"figure {name}: {e}") from None

@@ -275,6 +275,9 @@ class CanarySection:
     the path of a specialise report.json. The held-out resolved rates, base → adapter, go through
     the `[users]` model (UserModel.expected) to the relative lift of `primary` (accept_rate: the
     keep rate; dissatisfied_rate), which is the mde (etude.loop.plan). Needs `user_cv`."""
+    min_look_users: int = 0
+    """the readout's burn-in (etude.experiments.ABConfig.min_look_users): an interim look of the
+    always-valid test counts only once each arm has this many users (0: from the first user)."""
     user_cv_from: str = ""
     """"collect": measure `user_cv` on the cycle's own collect window (production's users, the
     primary metric's per-user rows) and settle the plan when collection ends, before the canary's

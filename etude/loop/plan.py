@@ -70,7 +70,9 @@ class CanaryPlan:
 
 # the [canary] fields the readout and the decision read: what a registered plan fixes
 DECISION_FIELDS = ("primary", "primary_higher_is_better", "alpha", "harm_margin", "mde", "power", "weights",
-                   "rounds", "min_rounds", "guardrail_rule")
+                   "rounds", "min_rounds", "guardrail_rule", "min_look_users")
+# fields added after plans were first registered: a plan registered without one decided with this
+LATER_FIELDS = {"min_look_users": 0}
 
 
 def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment: str) -> dict[str, Any]:
@@ -94,7 +96,7 @@ def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment:
 
 def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     """`cfg.canary` with the registered plan's decision fields: what the readout decides on."""
-    fields = {k: (tuple(plan[k]) if k == "weights" else plan[k]) for k in DECISION_FIELDS}
+    fields = {k: (tuple(plan[k]) if k == "weights" else plan.get(k, LATER_FIELDS.get(k))) for k in DECISION_FIELDS}
     guards = tuple(GuardrailSpec(g["metric"], g["higher_is_better"], g["margin"]) for g in plan["guardrails"])
     # the noise the users per arm were planned for (a plan registered before user_cv was recorded: the config's)
     cv = plan.get("user_cv", cfg.canary.user_cv) if plan.get("mde") is not None else None

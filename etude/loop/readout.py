@@ -29,6 +29,7 @@ def ab_config(cfg: LoopConfig, canary: Any = None) -> ABConfig:
     """The readout's settings: of `canary` (a cycle's registered plan, etude.loop.plan) or the config's."""
     c = canary or cfg.canary
     return ABConfig(alpha=c.alpha, weights=c.weights, mde=c.mde, power=c.power, guardrail_rule=c.guardrail_rule,
+                    min_look_users=c.min_look_users,
                     guardrails=tuple(Guardrail(g.metric, g.higher_is_better, g.margin) for g in c.guardrails))
 
 

@@ -2,6 +2,7 @@
 
 import json
 import math
+import random
 import subprocess
 import sys
 
@@ -9,7 +10,18 @@ import numpy as np
 import pytest
 
 from etude.errors import EtudeError
-from etude.experiments.analysis import ABConfig, Guardrail, analyze, load_events, msprt_p, ratio_and_var, srm_p
+from etude.experiments.analysis import (
+    ABConfig,
+    Guardrail,
+    MetricArrays,
+    analyze,
+    analyze_arrays,
+    load_events,
+    msprt_p,
+    ratio_and_var,
+    sequential_looks,
+    srm_p,
+)
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[2] / "bench"))
 from ab_simulation import simulate_arrays, simulate_rows  # noqa: E402
@@ -114,3 +126,27 @@ def test_cli_writes_contract_fields(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "etude.cli", "ab", "analyze", "--events", str(tmp_path / "nope.csv"),
                           "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not found" in bad.stderr
+
+
+def test_a_burn_in_counts_a_look_only_once_each_arm_has_enough_users() -> None:
+    """ABConfig.min_look_users: the mSPRT's looks start once each arm has that many users (the
+    last look always counts), so a look on one to three users an arm, whose delta-method variance
+    is degenerate, cannot set the always-valid interval (stop 54)."""
+    rng, rows = random.Random(0), []
+    for i in range(30):
+        for arm, p in (("control", 0.4), ("treatment", 0.3)):
+            n = rng.randint(3, 12)
+            rows.append({"user_id": f"{arm}-{i}", "arm": arm, "metric": "m", "numerator": sum(rng.random() < p
+                         for _ in range(n)), "denominator": n, "ts": len(rows)})
+    arr = MetricArrays.from_rows(rows, "m")
+    every, burnt = sequential_looks(arr, 20), sequential_looks(arr, 20, min_users=10)
+    assert len(every.rows) == 20 and 0 < len(burnt.rows) < 20 and burnt.rows[-1] == every.rows[-1]
+    first = int(burnt.rows[0])
+    tot = arr.totals(first)
+    assert min(len(tot["control"].num), len(tot["treatment"].num)) >= 10
+    assert analyze_arrays(arr, ABConfig(min_look_users=10))["looks"] == len(burnt.rows)
+    assert analyze_arrays(arr, ABConfig())["looks"] == 20
+    with pytest.raises(EtudeError, match="min_look_users"):
+        ABConfig(min_look_users=-1)
+    # a look never reaching the burn-in: the last one still counts
+    assert len(sequential_looks(arr, 20, min_users=1000).rows) == 1

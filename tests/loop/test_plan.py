@@ -14,7 +14,7 @@ import pytest
 
 from etude.errors import EtudeError
 from etude.experiments.power import plan
-from etude.loop import LoopConfig, run_cycle
+from etude.loop import LoopConfig, cycle, run_cycle
 from etude.loop.config import CanarySection, TrafficConfig
 from etude.loop.plan import (
     CanaryPlan,
@@ -286,8 +286,6 @@ def test_a_size_the_collect_windows_a_a_re_deals_reject_goes_gate_only(tmp_path:
 def test_a_canary_window_of_its_own_size_sends_the_collect_users_and_more(tmp_path: Path, monkeypatch) -> None:
     """`[canary] window_users`: scripted traffic sends that many users in a canary round (the plan's
     reach), the collect window's users first, while collection keeps `[traffic] users`."""
-    from etude.loop import cycle
-
     sent: dict[str, list[str]] = {}
     monkeypatch.setattr(cycle, "run_population", lambda url, key, users, **kw: sent.setdefault(
         kw["round_key"].split(":")[1], [u.id for u in users]))
