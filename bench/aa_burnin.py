@@ -25,7 +25,7 @@ from pathlib import Path
 from etude.configfile import shipped
 from etude.evals.results import write_result
 from etude.loop import LoopConfig
-from etude.loop.plan import CanaryPlan, collect_user_cv, window_rows
+from etude.loop.plan import CanaryPlan, collect_user_cv, window_rows, with_user_cv
 from etude.loop.readout import aa_rates
 from etude.provenance import provenance
 from etude.store import open_store
@@ -62,13 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = dataclasses.replace(base, root=str(root), org="loop", db=None)
         store = open_store(cfg.db_url())
         rows = window_rows(store, cfg, c["since"], c["until"])
-        cv, users = collect_user_cv(store, cfg, c["since"], c["until"])
+        cv, users = collect_user_cv(rows, cfg)
         windows.append({"name": name, "users": users, "user_cv": cv, "since": c["since"], "until": c["until"]})
         for burn in (0, a.burn_in):
             t = time.time()
             p = CanaryPlan("ab", base.canary.mde, "window", (users // 2,) * 2, (users / 2,) * 2, "", cv)
-            planned = dataclasses.replace(cfg, canary=dataclasses.replace(
-                base.canary, mde=p.mde, user_cv=cv, user_cv_from="", aa_check_splits=0, min_look_users=burn))
+            planned = dataclasses.replace(cfg, canary=with_user_cv(base.canary, cv, mde=p.mde, min_look_users=burn))
             aa = aa_rates(rows, planned, splits=a.splits, seed=1)
             sel = {"record": "aa_split", "window": name, "burn_in": burn}
             records += [{**sel, "split": o["split"], "outcome": o["outcome"], "promote": int(o["outcome"] == "promote"),

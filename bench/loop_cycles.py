@@ -75,12 +75,11 @@ from etude.errors import EtudeError
 from etude.evals import run_eval, stats
 from etude.evals.results import write_result
 from etude.evals.runner import resolve_suite
-from etude.experiments.power import estimate_user_cv
 from etude.harness.record import load_trajectory
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.cycle import TrafficContext, builtin_traffic, gate_eval_config
-from etude.loop.metrics import EDIT_TOOLS, ab_rows, interaction_facts
-from etude.loop.plan import canary_of, previous_effect
+from etude.loop.metrics import EDIT_TOOLS
+from etude.loop.plan import canary_of, collect_user_cv, previous_effect, window_rows
 from etude.loop.readout import aa_rates
 from etude.loop.state import STAGES
 from etude.loop.training import export_merged
@@ -453,9 +452,7 @@ class Bench:
             verdict = verdict_of(conf)
         promoted = rep.get("decision") == "promote"
         collect = state["stages"]["collect"]["outputs"]
-        store = open_store(cfg.db_url())
-        facts = interaction_facts(store, cfg.org, None, since=collect["since"], until=collect["until"])
-        pilot_rows = ab_rows([{**f, "arm": "control"} for f in facts])
+        pilot_rows = window_rows(open_store(cfg.db_url()), cfg, collect["since"], collect["until"])
         plan = json.loads((Path(rep["cycle_dir"]) / "plan.json").read_text()) if (Path(rep["cycle_dir"]) / "plan.json").is_file() else None
         rule_cfg = replace(cfg, canary=canary_of(plan, cfg)) if plan else cfg
         aa = aa_rates(pilot_rows, rule_cfg, splits=self.s.aa_splits, seed=index)
@@ -472,11 +469,7 @@ class Bench:
         self.records += [{"record": "aa_split", "cycle": name, "split": o["split"], "outcome": o["outcome"],
                           "promote": int(o["outcome"] == "promote"),
                           "rollback": int(o["outcome"] in ("guardrail", "alarm"))} for o in aa["outcomes"]]
-        measured_cv = None
-        try:
-            measured_cv = estimate_user_cv(pilot_rows, cfg.canary.primary)
-        except Exception:  # noqa: BLE001 - fewer than two users with the metric: recorded as None
-            measured_cv = None
+        measured_cv = collect_user_cv(pilot_rows, cfg)[0]  # None: fewer than two users with the metric
         self.cycles.append({
             "cycle": name, "production_before": prod, "candidate": cand, "production_after": rep.get("production_after"),
             "decision": rep.get("decision"), "reason": rep.get("reason"), "basis": rep.get("basis"),

@@ -304,7 +304,8 @@ class _Cycle:
         """`[canary] user_cv_from = "collect"`: the plan again, for the noise production's users
         showed in this window (etude.loop.plan.resettle), saved before the canary's first user.
         The collect stage's outputs, with "refused" when the plan is unreachable under "refuse"."""
-        cv, users = collect_user_cv(self.store, self.cfg, since, until)
+        rows = window_rows(self.store, self.cfg, since, until)  # read once: the noise and the A/A check
+        cv, users = collect_user_cv(rows, self.cfg)
         out: dict[str, Any] = {"user_cv": cv, "user_cv_users": users}
         if cv is None:
             return out
@@ -312,8 +313,7 @@ class _Cycle:
         try:
             new = resettle(self.cfg, self.store, old, cv, users)
             if new.mode == "ab" and self.cfg.canary.aa_check_splits:
-                new, out["aa_check"] = aa_check(self.cfg, new, window_rows(self.store, self.cfg, since, until),
-                                                seed=self.index)
+                new, out["aa_check"] = aa_check(self.cfg, new, rows, seed=self.index)
         except EtudeError as e:
             return {**out, "refused": str(e)}
         if new.mode == "gate-only" and old.mode != "gate-only":

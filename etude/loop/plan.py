@@ -100,8 +100,7 @@ def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     guards = tuple(GuardrailSpec(g["metric"], g["higher_is_better"], g["margin"]) for g in plan["guardrails"])
     # the noise the users per arm were planned for (a plan registered before user_cv was recorded: the config's)
     cv = plan.get("user_cv", cfg.canary.user_cv) if plan.get("mde") is not None else None
-    return dataclasses.replace(cfg.canary, **fields, guardrails=guards, mde_from="", user_cv_from="", aa_check_splits=0,
-                               user_cv=cv)
+    return with_user_cv(cfg.canary, cv, **fields, guardrails=guards, mde_from="")
 
 
 SPECIALISED_KINDS = ("specialised", "specialised-by-time")
@@ -166,6 +165,12 @@ def previous_effect(cfg: LoopConfig) -> tuple[float, float, str]:
                      f"{cfg.canary.primary}; set [canary] mde for the first cycle (or run a pilot cycle)")
 
 
+def with_user_cv(c: Any, cv: float | None, **changes: Any) -> Any:
+    """`[canary]` section `c` with the noise `cv` known: `user_cv` set and the collect-window
+    settings that would measure it (`user_cv_from`, `aa_check_splits`) spent."""
+    return dataclasses.replace(c, user_cv=cv, user_cv_from="", aa_check_splits=0, **changes)
+
+
 def settle(cfg: LoopConfig, store: Any, measured_cv: float | None = None) -> CanaryPlan:
     """The cycle's plan (see the module doc); EtudeError when unreachable under "refuse".
     `measured_cv`: the per-user noise measured on this cycle's collect window (`collect_user_cv`),
@@ -177,11 +182,10 @@ def settle(cfg: LoopConfig, store: Any, measured_cv: float | None = None) -> Can
         if mde <= 0:
             line = f"the previous cycle measured no effect to plan for ({source})"
             return _unreachable(cfg, CanaryPlan("gate-only", None, source, None, cfg.canary_reach(), line))
-        c = dataclasses.replace(c, user_cv=cv if measured_cv is None else measured_cv, user_cv_from="",
-                                aa_check_splits=0, mde_from="", mde=mde)
+        c = with_user_cv(c, cv if measured_cv is None else measured_cv, mde_from="", mde=mde)
         cfg = dataclasses.replace(cfg, canary=c)
     elif measured_cv is not None:
-        c = dataclasses.replace(c, user_cv=measured_cv, user_cv_from="", aa_check_splits=0)
+        c = with_user_cv(c, measured_cv)
         cfg = dataclasses.replace(cfg, canary=c)
     elif c.mde_from:
         held, where = measured_gain(c.mde_from, store, cfg.org)
@@ -206,11 +210,10 @@ def window_rows(store: Any, cfg: LoopConfig, since: float, until: float) -> list
     return ab_rows([{**f, "arm": "control"} for f in interaction_facts(store, cfg.org, None, since=since, until=until)])
 
 
-def collect_user_cv(store: Any, cfg: LoopConfig, since: float, until: float) -> tuple[float | None, int]:
+def collect_user_cv(rows: list[dict[str, Any]], cfg: LoopConfig) -> tuple[float | None, int]:
     """(per-user coefficient of variation of the primary metric, users) on production's collect
-    window [since, until) (`window_rows`, `estimate_user_cv`); None when fewer than two users have
-    the metric or it has no variance."""
-    rows = window_rows(store, cfg, since, until)
+    window's rows (`window_rows`, `estimate_user_cv`); None when fewer than two users have the
+    metric or it has no variance."""
     users = len({r["user_id"] for r in rows if r["metric"] == cfg.canary.primary})
     try:
         return estimate_user_cv(rows, cfg.canary.primary), users
@@ -223,8 +226,7 @@ def aa_check(cfg: LoopConfig, p: CanaryPlan, rows: list[dict[str, Any]], seed: i
     rule (etude.loop.readout.aa_rates): `p` unchanged when the readout holds its error rates there,
     else gate-only with the measured rate in its line (EtudeError under "refuse"); and the rates."""
     c = cfg.canary
-    planned = dataclasses.replace(cfg, canary=dataclasses.replace(c, mde=p.mde, user_cv=p.user_cv, user_cv_from="",
-                                                                  aa_check_splits=0, mde_from=""))
+    planned = dataclasses.replace(cfg, canary=with_user_cv(c, p.user_cv, mde=p.mde, mde_from=""))
     aa = aa_rates(rows, planned, splits=c.aa_check_splits, seed=seed)
     rates = {k: aa[k] for k in ("splits", "users", "false_promotion", "false_guardrail_rollback")}
     bad = [(what, aa[key]) for key, what in (("false_promotion", "promote"), ("false_guardrail_rollback",

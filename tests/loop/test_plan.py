@@ -223,7 +223,7 @@ def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_
     _collect_window(store, cfg.org, [0, 1, 1, 2, 0, 3, 1, 0, 5, 1])  # noisy: a few users break a lot
     first = settle(cfg, store)  # at the cycle's start: no noise measured yet, so no users per arm
     assert first.mode == "ab" and first.users_per_arm is None and first.user_cv is None
-    cv, users = collect_user_cv(store, cfg, t0 - 1, time.time() + 1)
+    cv, users = collect_user_cv(window_rows(store, cfg, t0 - 1, time.time() + 1), cfg)
     assert users == 10 and cv is not None and cv > 0.5
     again = resettle(cfg, store, first, cv, users)
     assert again.mode == "ab" and again.user_cv == cv and again.users_per_arm == plan(0.5, cv).users_per_arm
@@ -231,7 +231,7 @@ def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_
     # a calmer window needs fewer users for the same effect
     calm = open_store(f"sqlite:///{tmp_path / 'calm.db'}")
     _collect_window(calm, cfg.org, [2, 2, 1, 2, 2, 3, 2, 2, 2, 2])
-    cv_calm, _ = collect_user_cv(calm, cfg, t0 - 1, time.time() + 1)
+    cv_calm, _ = collect_user_cv(window_rows(calm, cfg, t0 - 1, time.time() + 1), cfg)
     assert cv_calm < cv and max(resettle(cfg, calm, first, cv_calm, 10).users_per_arm) < max(again.users_per_arm)
     # the registered plan carries the measured noise to the readout
     reg = registered_plan(cfg, again.to_dict(), "exp")
@@ -248,7 +248,7 @@ def test_the_plan_is_settled_again_on_the_noise_the_collect_window_measured(tmp_
     # too few users to measure: nothing to plan again with
     empty = open_store(f"sqlite:///{tmp_path / 'empty.db'}")
     _collect_window(empty, cfg.org, [1])
-    assert collect_user_cv(empty, cfg, t0 - 1, time.time() + 1) == (None, 1)
+    assert collect_user_cv(window_rows(empty, cfg, t0 - 1, time.time() + 1), cfg) == (None, 1)
 
 
 def test_a_size_the_collect_windows_a_a_re_deals_reject_goes_gate_only(tmp_path: Path) -> None:
@@ -263,7 +263,7 @@ def test_a_size_the_collect_windows_a_a_re_deals_reject_goes_gate_only(tmp_path:
         store = open_store(cfg.db_url())
         t0 = time.time()
         _collect_window(store, cfg.org, pattern)
-        cv, users = collect_user_cv(store, cfg, t0 - 1, time.time() + 1)
+        cv, users = collect_user_cv(window_rows(store, cfg, t0 - 1, time.time() + 1), cfg)
         p = CanaryPlan("ab", 0.95, "[canary] mde", (users // 2,) * 2, (users / 2,) * 2, "", cv)
         return cfg, p, aa_check(cfg, p, window_rows(store, cfg, t0 - 1, time.time() + 1), seed=1)
 
