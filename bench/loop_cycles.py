@@ -78,7 +78,6 @@ from etude.evals.runner import resolve_suite
 from etude.harness.record import load_trajectory
 from etude.loop import LoopConfig, run_cycle
 from etude.loop.cycle import TrafficContext, builtin_traffic, gate_eval_config
-from etude.loop.metrics import EDIT_TOOLS
 from etude.loop.plan import canary_of, collect_user_cv, previous_effect, window_rows
 from etude.loop.readout import aa_rates
 from etude.loop.state import STAGES
@@ -87,7 +86,7 @@ from etude.policy import resolve_backend
 from etude.policy.local import completion_ids
 from etude.policy.models import load_model
 from etude.provenance import provenance
-from etude.rewards.terms import is_edit, repeats
+from etude.rewards.terms import attempts_edit, repeats
 from etude.serve import registry
 from etude.store import open_store
 from etude.train.metrics import read_metrics
@@ -279,7 +278,7 @@ def episode_measures(run: Path, arm: str, cycle: str) -> list[dict[str, Any]]:
                  else int(eff.get("tool_calls") or 0) + int(eff.get("parse_errors") or 0))
         # an attempted edit (etude.loop.metrics' edit_rate, per episode): a candidate that stops
         # editing has fewer repeated and broken calls and fixes nothing
-        edited = (int(any(x.call.name in EDIT_TOOLS or is_edit(x) for t in traj.turns for x in t.tool_executions))
+        edited = (int(any(attempts_edit(x.call) for t in traj.turns for x in t.tool_executions))
                   if traj is not None else None)
         out.append({"record": "confirm", "cycle": cycle, "arm": arm, "task": r["instance_id"], "edited": edited,
                     "status": r.get("status"), "resolved": int(bool(r.get("resolved")) and ok),

@@ -30,11 +30,10 @@ from collections import defaultdict
 from typing import Any
 
 from etude.loop.distill import to_trajectory
-from etude.rewards.terms import asks_question, is_edit, repeats
+from etude.rewards.terms import asks_question, attempts_edit, repeats
 
 METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "broken_call_rate",
            "repeat_rate", "clarification_rate", "edit_rate", "latency_s", "answer_length")
-EDIT_TOOLS = ("edit_file", "write_file")
 ARM_NAMES = {"control": "control", "canary": "treatment"}  # experiment arm -> analyze's arm
 
 
@@ -62,7 +61,7 @@ def interaction_facts(store: Any, org: str, experiment_id: str | None, *, since:
             "checkpoint": r["checkpoint"], "broken": turn.broken_calls, "calls": calls, "repeat": repeats(traj),
             "clarification": int(calls == 0 and asks_question(answer)),
             # attempted edits count: avoiding edits altogether is the hack this indicator watches
-            "edit": int(any(x.call.name in EDIT_TOOLS or is_edit(x) for x in turn.tool_executions)),
+            "edit": int(any(attempts_edit(x.call) for x in turn.tool_executions)),
             "latency_s": float(r["latency_s"]), "tokens": int(r["completion_tokens"]),
             "accept": sum(e["kind"] == "accept" for e in evs), "reject": sum(e["kind"] == "reject" for e in evs),
             "persist": [float(e["value"]) for e in evs if e["kind"] == "edit_persistence" and e["value"] is not None],

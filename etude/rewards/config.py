@@ -29,6 +29,9 @@ def _default_weights() -> dict[str, float]:
         "unsupported_claims": 0.3,
         "needless_clarification": 0.3,
         "verbosity": 0.05,
+        # A request closed without any edit: off by default (a question about code needs none);
+        # on in loops whose traffic asks for changes (configs/loop_behaviour.toml).
+        "answer_without_edit": 0.0,
         # Closeness to the reference patch: reported, not counted (agentic RL may weight it).
         "patch_similarity": 0.0,
         # Production terms: None (skipped) unless trajectory.meta["feedback"] carries the signal.

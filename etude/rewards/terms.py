@@ -23,7 +23,7 @@ from typing import Any
 from etude.rewards.config import RewardConfig
 from etude.rewards.detectors import is_test_path, task_test_paths
 from etude.rewards.diff import parse_diff
-from etude.types import Outcome, Task, ToolExecution, Trajectory
+from etude.types import Outcome, Task, ToolCall, ToolExecution, Trajectory
 
 TermFn = Callable[..., float | None]
 ARGS = ("trajectory", "task", "outcome", "config", "patch", "reply", "measured")
@@ -332,6 +332,41 @@ def needless_clarification(trajectory: Trajectory, task: Task | None, config: Re
     return -1.0
 
 
+# --- an answer that ends the request without an edit ------------------------------------------
+
+EDIT_TOOLS = ("edit_file", "write_file")
+
+
+def attempts_edit(call: ToolCall) -> bool:
+    """The call tries to change a file (whatever its result): an edit or write tool, or a terminal
+    command that edits in place."""
+    if call.name in EDIT_TOOLS:
+        return True
+    return call.name == "run_terminal" and bool(_EDIT_CMD.search(str(call.arguments.get("command", ""))))
+
+
+def answer_without_edit(trajectory: Trajectory, task: Task | None) -> float | None:
+    """-1 when the trajectory ends with an answer (its last turn calls no tool and breaks none) and
+    no edit was attempted anywhere in the conversation (its own turns or, for a logged production
+    turn, the request's history); 0 when it ends after an attempted edit; None when it does not end
+    with an answer (a turn that calls a tool, a limit) or the request asks for no change
+    (`meta["edit"] == "not_needed"` on the task or the trajectory).
+
+    Quitting is otherwise the cheapest answer a reward made of penalties has: a closing message
+    repeats nothing and breaks nothing. bench/results/loop_cycles_measured.json's candidate,
+    reinforced on fewer repeats alone, learned to answer at once (edits 0.22 -> 0.008 an interaction)."""
+    if (task and task.meta.get("edit") == "not_needed") or trajectory.meta.get("edit") == "not_needed":
+        return None
+    if not trajectory.turns:
+        return None
+    last = trajectory.turns[-1]
+    if last.tool_executions or last.parse_errors or last.generation.finish_reason == "length":
+        return None
+    own = any(attempts_edit(ex.call) for t in trajectory.turns for ex in t.tool_executions)
+    earlier = any(attempts_edit(c) for m in trajectory.messages if m.role == "assistant" for c in m.tool_calls)
+    return 0.0 if own or earlier else -1.0
+
+
 # --- verbosity ---------------------------------------------------------------------------------
 
 
@@ -353,5 +388,6 @@ BUILTIN_TERMS: dict[str, TermFn] = {
     "unsupported_claims": unsupported_claims,
     "needless_clarification": needless_clarification,
     "verbosity": verbosity,
+    "answer_without_edit": answer_without_edit,
     "patch_similarity": patch_similarity,
 }

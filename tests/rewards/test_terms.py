@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from rewards_builders import ex, outcome, task, traj, turn
 
-from etude.rewards import RewardConfig
+from etude.rewards import RewardConfig, score
 from etude.rewards import terms as T
+from etude.types import Generation, Message, ToolCall, Trajectory, Turn
 
 CFG = RewardConfig()
 
@@ -195,3 +196,46 @@ def test_an_identical_call_made_again_is_a_wasted_turn_and_costs():
     logged = dataclasses.replace(hist, messages=(*hist.messages, Message(role="assistant", content="", tool_calls=(own.call,))),
                                  turns=(dataclasses.replace(hist.turns[0], index=0, tool_executions=(own,)),))
     assert repeats(logged) == 1
+
+
+def test_answer_without_edit_charges_closing_a_request_that_changed_nothing() -> None:
+    quit_ = traj(turn(ex("read_file", path="a.py")), final="The code looks fine.")
+    assert T.answer_without_edit(quit_, task()) == -1.0
+    assert T.answer_without_edit(traj(turn(EDIT), final="Done."), task()) == 0.0
+    failed = traj(turn(ex("edit_file", ok=False, path="a.py")), final="I could not apply it.")
+    assert T.answer_without_edit(failed, task()) == 0.0  # an attempt counts; broken_calls charges the failure
+    sed = traj(turn(ex("run_terminal", command="sed -i 's/a/b/' a.py")), final="Done.")
+    assert T.answer_without_edit(sed, task()) == 0.0
+    assert T.answer_without_edit(traj(turn(ex("read_file", path="a.py")), final=None), task()) is None  # mid-work
+    assert T.answer_without_edit(quit_, task(meta={"edit": "not_needed"})) is None  # a question about code
+
+
+def test_answer_without_edit_reads_a_logged_turns_history() -> None:
+    def logged(history_call: str | None, own_calls: tuple = (), finish: str = "stop") -> Trajectory:
+        msgs = [Message(role="user", content="Fix the bug in a.py.")]
+        if history_call:
+            msgs += [Message(role="assistant", content="", tool_calls=(ToolCall("h1", history_call, {"path": "a.py"}),)),
+                     Message(role="tool", content="ok", tool_call_id="h1")]
+        own = Turn(index=0, generation=Generation(text="Done.", finish_reason=finish), tool_executions=own_calls)
+        return Trajectory(episode_id="i", task_id=None, policy_id="p", policy_version=0, messages=tuple(msgs),
+                          turns=(own,), stop_reason="answer")
+
+    assert T.answer_without_edit(logged("edit_file"), None) == 0.0
+    assert T.answer_without_edit(logged("read_file"), None) == -1.0
+    assert T.answer_without_edit(logged(None), None) == -1.0
+    assert T.answer_without_edit(logged("read_file", (ex("grep", pattern="x"),)), None) is None  # the request goes on
+    assert T.answer_without_edit(logged(None, finish="length"), None) is None  # cut off, not an answer
+
+
+def test_with_the_loops_weights_quitting_costs_more_than_a_repeated_call() -> None:
+    cfg = RewardConfig.from_dict({"weights": {"repeated_calls": 1.0, "broken_calls": 2.0, "unsupported_claims": 1.0,
+                                              "answer_without_edit": 1.0}})
+    read = ex("read_file", path="a.py")
+    again = ex("read_file", path="a.py")
+    fresh = traj(turn(read), turn(ex("grep", pattern="def f")), final=None)
+    repeat = traj(turn(read), turn(again), final=None)
+    quit_ = traj(turn(read), final="Looks fine to me.")
+    totals = [score(t, task(), None, cfg).total for t in (fresh, repeat, quit_)]
+    assert totals[0] > totals[1] > totals[2]
+    assert score(quit_, task(), None, RewardConfig()).terms["answer_without_edit"] == -1.0  # reported, weight 0
+    assert score(quit_, task(), None, RewardConfig()).weights["answer_without_edit"] == 0.0
