@@ -58,6 +58,7 @@ from etude.loop.metrics import ab_rows, alarms, arm_ratios, interaction_facts
 from etude.loop.plan import (
     CanaryPlan,
     aa_check,
+    as_registered_before,
     canary_of,
     collect_user_cv,
     registered_plan,
@@ -467,7 +468,9 @@ class _Cycle:
                                                      ("canary", cand, c.weights[1])], org=self.cfg.org, salt=salt)
         # the plan, registered before the first user (a different one on resume is refused), is
         # what every readout of this canary decides on
-        reg = registry.register_plan(self.store, exp_id, registered_plan(self.cfg, self.state.data.get("plan"), exp_id))
+        plan = registered_plan(self.cfg, self.state.data.get("plan"), exp_id)
+        before = registry.registered_plan(self.store, exp_id)
+        reg = registry.register_plan(self.store, exp_id, as_registered_before(plan, before["plan"] if before else None))
         _write_json(self.dir / "plan.json", {**reg["plan"], "registered": reg["sha256"]})
         c = canary_of(reg["plan"], self.cfg)
         if not out["readouts"]:  # the plan is on /dashboard before the first user arrives

@@ -94,6 +94,16 @@ def registered_plan(cfg: LoopConfig, settled: dict[str, Any] | None, experiment:
     }
 
 
+def as_registered_before(plan: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """`plan` spelled as `old`, a plan registered before some `LATER_FIELDS` existed, would spell
+    it: a later field `old` lacks is dropped where `plan` gives it the default `old` decided with
+    (the same decision, so a cycle registered by an older etude resumes), and kept where it differs
+    (a real change, which registration refuses)."""
+    if old is None:
+        return plan
+    return {k: v for k, v in plan.items() if not (k in LATER_FIELDS and k not in old and v == LATER_FIELDS[k])}
+
+
 def canary_of(plan: dict[str, Any], cfg: LoopConfig) -> Any:
     """`cfg.canary` with the registered plan's decision fields: what the readout decides on."""
     fields = {k: (tuple(plan[k]) if k == "weights" else plan.get(k, LATER_FIELDS.get(k))) for k in DECISION_FIELDS}

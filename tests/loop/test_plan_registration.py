@@ -8,7 +8,7 @@ import pytest
 
 from etude.errors import EtudeError
 from etude.loop.config import GuardrailSpec, LoopConfig
-from etude.loop.plan import canary_of, registered_plan
+from etude.loop.plan import LATER_FIELDS, as_registered_before, canary_of, registered_plan
 from etude.serve import registry
 from etude.store.sql import open_store
 
@@ -57,3 +57,16 @@ def test_the_readout_decides_on_the_registered_plan(tmp_path):
     assert (c.primary, c.alpha, c.primary_higher_is_better) == ("accept_rate", 0.05, True)
     assert [g.metric for g in c.guardrails] == ["dissatisfied_rate", "latency_s"]
     assert plan["users_per_arm"] == [40, 40] and plan["guardrail_rule"] == "sequential"
+
+
+def test_a_plan_registered_before_a_later_field_existed_resumes_and_a_real_change_is_still_refused(store, tmp_path):
+    cfg = LoopConfig(root=str(tmp_path))
+    old = {k: v for k, v in _plan(cfg).items() if k not in LATER_FIELDS}  # as an older etude registered it
+    registry.register_plan(store, "exp1", old)
+    same = as_registered_before(_plan(cfg), old)  # min_look_users at the default it decided with
+    assert registry.register_plan(store, "exp1", same)["plan"] == registry.registered_plan(store, "exp1")["plan"]
+    assert canary_of(registry.registered_plan(store, "exp1")["plan"], cfg).min_look_users == 0
+    burned = dataclasses.replace(cfg, canary=dataclasses.replace(cfg.canary, min_look_users=10))
+    with pytest.raises(EtudeError, match=r"min_look_users: None -> 10"):
+        registry.register_plan(store, "exp1", as_registered_before(_plan(burned), old))
+    assert as_registered_before(_plan(cfg), None) == _plan(cfg)  # nothing registered yet: the plan as it is
