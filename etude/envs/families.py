@@ -318,7 +318,8 @@ class FixTurnEnv(SingleTurnEnv):
 
     def measure(self, problem: Problem, text: str) -> dict[str, Any]:
         a = problem.answer
-        return fixturn.score_edit(text, a["src"], a["gold"], a["path"], a["bug_line"])
+        # the drills' call syntax (env.harness tool_format; "auto" without a policy: hermes)
+        return fixturn.score_edit(text, a["src"], a["gold"], a["path"], a["bug_line"], self.hc.text_format())
 
     def resolved(self, measured: dict[str, Any]) -> bool:
         return measured["right_fix"]

@@ -57,7 +57,7 @@ from etude.harness import HarnessConfig
 from etude.rewards import Rubric, make_rubric
 from etude.rewards.terms import TermFn
 from etude.tasks.repo import prepare_repo
-from etude.toolcalls import parse_hermes
+from etude.toolcalls import parse_text
 from etude.types import Task
 
 TIERS = ("right_fix", "on_bug_line", "edits", "attempted", "well_formed", "malformed")  # best first
@@ -71,9 +71,10 @@ def _ast(src: str) -> str | None:
         return None
 
 
-def score_edit(reply: str, src: str, gold_src: str, path: str, bug_line: str) -> dict[str, bool]:
-    """What one reply's first `edit_file` call on `path` does to `src` (see the module doc)."""
-    parsed = parse_hermes(reply)
+def score_edit(reply: str, src: str, gold_src: str, path: str, bug_line: str, fmt: str = "hermes") -> dict[str, bool]:
+    """What one reply's first `edit_file` call on `path` does to `src` (see the module doc); the
+    reply's calls are read in text format `fmt` (etude.toolcalls.TEXT_FORMATS: the harness's)."""
+    parsed = parse_text(reply, fmt)
     edits = [c for c in parsed.tool_calls
              if c.name == "edit_file" and str(c.arguments.get("path", "")).removeprefix("./") == path]
     well_formed = bool(parsed.tool_calls) and not parsed.errors

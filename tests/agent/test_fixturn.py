@@ -48,6 +48,16 @@ def test_wrong_edits_and_broken_calls_are_not_right():
     assert not _score('<tool_call>\n{"name": "read_file", "arguments": {"path": "pkg/m.py"}}\n</tool_call>')["attempted"]
 
 
+def test_a_reply_is_read_in_the_harness_call_format():
+    args = {"path": "pkg/m.py", "old_str": "    if a < b:", "new_str": "    if a > b:"}
+    mistral = "[TOOL_CALLS]" + json.dumps([{"name": "edit_file", "arguments": args}])
+    assert score_edit(mistral, SRC, GOLD, "pkg/m.py", "    if a < b:", "mistral")["right_fix"]
+    assert not _score(mistral)["well_formed"]  # in a <tool_call> harness it is no call
+    p = Problem("fix-t", "fix", (), {"src": SRC, "gold": GOLD, "path": "pkg/m.py", "bug_line": "    if a < b:"})
+    env = FixTurnEnv(tasks_file="x.jsonl", harness={"tool_format": "mistral"})
+    assert env.check(p, mistral)[0] == REWARDS["right_fix"]
+
+
 def test_the_reward_ranks_right_fix_then_bug_line_then_any_edit_then_a_call_then_garbage():
     replies = [_reply("    if a < b:", "    if a > b:"), _reply("    if a < b:", "    if a <= b:"),
                _reply("        return a", "        return b"), _reply("return", "yield"),
