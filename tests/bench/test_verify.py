@@ -172,6 +172,33 @@ def test_a_rate_needs_times_since_a_common_start():
         write_result("/nonexistent/x.json", {"x": {**LOAD_FIGURES["p50"], "stat": "sum"}}, LOAD, provenance(argv=["x"]))
 
 
+# five interleaved repetitions of the two servers' load phases: "ours" at 0.8, 0.9, 1.0, 0.85 and
+# 0.95 of raw's rate (its last request ends later by that factor)
+REPS = [{**r, "rep": k, "end_s": r["end_s"] / f if r["engine"] == "ours" else r["end_s"]}
+        for k, f in enumerate([0.8, 0.9, 1.0, 0.85, 0.95])
+        for r in [{"engine": e, "request": i, "end_s": float(i + 1), "latency_s": 1.0} for e in ("ours", "raw")
+                  for i in range(4)]]
+
+
+def test_a_ratio_over_repetitions_is_the_median_of_each_repetitions_ratio_with_an_interval(tmp_path, capsys):
+    figs = {"req_per_s": {"kind": "ratio_reps", "stat": "rate", "field": "end_s", "by": "rep",
+                          "num": {"engine": "ours"}, "den": {"engine": "raw"}}}
+    path = tmp_path / "reps.json"
+    write_result(path, figs, REPS, provenance(argv=["bench/reps.py"]))
+    fig = json.loads(path.read_text())["figures"]["req_per_s"]
+    assert fig["n_reps"] == 5 and fig["median"] == pytest.approx(0.9)
+    assert (fig["min"], fig["max"]) == (pytest.approx(0.8), pytest.approx(1.0))
+    assert 0.8 <= fig["ci_low"] < 0.9 < fig["ci_high"] <= 1.0  # the interval spans the 90% a claim would need
+    assert _run(tmp_path, capsys)[0] == 0
+    _forge_records(path, lambda recs: [r.update(end_s=r["end_s"] * 0.5) for r in recs
+                                       if r["engine"] == "ours" and r["rep"] == 0])
+    rc, out = _run(tmp_path, capsys)
+    assert rc == 1 and "req_per_s.median" in out  # one repetition twice as fast moves the median
+    no_rep = [{k: v for k, v in r.items() if k != "rep"} for r in REPS]
+    with pytest.raises(ResultError, match="no repetition field 'rep'"):
+        write_result("/nonexistent/x.json", figs, no_rep, provenance(argv=["x"]))
+
+
 # a speed result: ours and the peer timed in one run (seconds per trial)
 TIMES = {"ours": [0.010, 0.012, 0.011, 0.030, 0.009], "peer": [0.10, 0.12, 0.11, 0.13, 0.50]}
 SPEED_RECORDS = [{"measure": "create", "arm": arm, "trial": i, "seconds": s}
