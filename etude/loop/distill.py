@@ -37,9 +37,9 @@ answer being an episode of its own). Signals -> meta["feedback"]:
   interactions if that one has fewer, all of its interactions if no bucket has enough; the
   window's interactions of every checkpoint when production answered none. The latency term is
   measured against it (etude.rewards.production), so it never saturates.
-A tool call's result is read from the next interaction of the same session (a tool message
-answering its id; "Error:" marks a failure); a call whose result never came back is not counted
-as broken.
+A tool call's result is read from the next interaction of the same session that carries the turn
+back (a tool message answering its id there; "Error:" marks a failure; `tool_results`); a call
+whose result never came back is not counted as broken.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def distill(store: Any, org: str, window: tuple[float | None, float | None] | No
         else:
             keep.append(r)
     events = _events_by_interaction(store.feedback(org=org, interaction_ids=[r["id"] for r in rows]))
-    results = _tool_results(rows)
+    results = tool_results(rows)
     episodes = episode_of(rows)
     judged = _episode_events(episodes, events)
     prod = production(store, org)
@@ -165,7 +165,7 @@ def distill(store: Any, org: str, window: tuple[float | None, float | None] | No
     rcfg = cfg.reward or RewardConfig()
     samples = []
     for r in keep:
-        traj = to_trajectory(r, events.get(r["id"], []), results, cfg.latency_budget_s,
+        traj = to_trajectory(r, events.get(r["id"], []), results.get(r["id"], {}), cfg.latency_budget_s,
                              episode_events=judged.get(episodes[r["id"]], []),
                              latency_reference_s=lat_ref.for_row(r), episode=episodes[r["id"]])
         samples.append(_sample(r, traj, score(traj, None, None, rcfg)))
@@ -288,13 +288,34 @@ def feedback_meta(row: dict[str, Any], events: Sequence[dict[str, Any]], latency
     return fb
 
 
-def _tool_results(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
-    # tool_call_id -> the tool message content that answered it, from any later request
-    out: dict[str, str] = {}
+def tool_results(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per interaction id, what its tool calls returned: call id -> the content of the tool message
+    answering it in the session's next request that carries this turn back (its messages are this
+    request's, then this turn's assistant message, then the tool messages). Matched within the
+    session and the turn, never by call id alone: a reply's calls are numbered from `call_0` by
+    text parsers (etude serve's, until its ids became unique per interaction), so one id names a
+    call of every turn of every session. An interaction no later request answers has no results
+    (its calls are not counted as broken)."""
+    by_session: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        for m in r.get("messages", []):
-            if m["role"] == "tool" and m["tool_call_id"]:
-                out.setdefault(m["tool_call_id"], m["content"])
+        by_session.setdefault(r.get("session_id") or r["id"], []).append(r)
+    out: dict[str, dict[str, str]] = {}
+    for session in by_session.values():
+        session.sort(key=lambda r: r["created_at"])
+        for i, r in enumerate(session):
+            n = len(r.get("messages") or [])
+            for later in session[i + 1:]:
+                msgs = later.get("messages") or []
+                if len(msgs) <= n or msgs[n]["role"] != "assistant":
+                    continue
+                res: dict[str, str] = {}
+                for m in msgs[n + 1:]:
+                    if m["role"] != "tool":
+                        break
+                    if m.get("tool_call_id"):
+                        res.setdefault(m["tool_call_id"], m["content"])
+                out[r["id"]] = res
+                break
     return out
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from etude.loop.distill import to_trajectory
+from etude.loop.distill import to_trajectory, tool_results
 from etude.rewards.terms import asks_question, attempts_edit, repeats
 
 METRICS = ("accept_rate", "edit_persistence", "dissatisfied_rate", "tool_error_rate", "broken_call_rate",
@@ -46,13 +46,12 @@ def interaction_facts(store: Any, org: str, experiment_id: str | None, *, since:
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in store.feedback(org=org, interaction_ids=[r["id"] for r in rows]):
         events[e["interaction_id"]].append(e)
-    # a tool call's result is the tool message answering its id in a later request of the session
-    results = {m["tool_call_id"]: m["content"] for r in reversed(rows) for m in r.get("messages", [])
-               if m["role"] == "tool" and m["tool_call_id"]}
+    # a tool call's result: the tool message answering it in the session's request that carries the turn back
+    results = tool_results(rows)
     out = []
     for r in rows:
         evs = events.get(r["id"], [])
-        traj = to_trajectory(r, evs, results)
+        traj = to_trajectory(r, evs, results.get(r["id"], {}))
         turn = traj.turns[0]
         calls = len(turn.tool_executions) + len(turn.parse_errors)
         answer = (r["response"] or {}).get("content", "")

@@ -98,7 +98,7 @@ class ChatService:
 
     async def finish(self, p: Pending, gen: Generation) -> Answer:
         """Parse the generation, log it, and return only once the record is committed."""
-        parsed = self._parse(p.batcher, gen, p.tools)
+        parsed = self._parse(p.batcher, gen, p.tools, p.id)
         latency = time.perf_counter() - p.t0
         answer = Answer(id=p.id, model=p.route.checkpoint.name, created=int(p.created), parsed=parsed,
                         finish_reason=gen.finish_reason, prompt_tokens=len(gen.prompt_token_ids),
@@ -144,13 +144,16 @@ class ChatService:
                                "messages", "context_length_exceeded")
         return Job(messages=prompt_msgs, prompt_ids=ids, max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p)
 
-    def _parse(self, batcher: Batcher, gen: Generation, tools: list[dict[str, Any]]) -> ParseResult:
+    def _parse(self, batcher: Batcher, gen: Generation, tools: list[dict[str, Any]], iid: str) -> ParseResult:
         if gen.tool_calls is not None:  # a backend that parses natively
             return ParseResult(text=gen.text, tool_calls=gen.tool_calls)
         if not tools:
             return ParseResult(text=gen.text)
         names = [t["function"]["name"] for t in tools]
-        return parse_output(gen.text, text_format_of(batcher.policy), tools=names)
+        # call ids unique to this interaction (call_<its id>_0, _1, ...), as OpenAI's are: a text
+        # parser numbers a reply's calls from call_0, and the client echoes the ids in its tool messages
+        return parse_output(gen.text, text_format_of(batcher.policy), tools=names,
+                            id_prefix=f"call_{iid.rsplit('-', 1)[-1]}_")
 
     def _record(self, p: Pending, gen: Generation, a: Answer, latency: float) -> dict[str, Any]:
         org, req, route, s, meta = p.org, p.req, p.route, p.sampling, p.job.meta

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from etude.experiments import analyze
+from etude.loop.distill import distill
 from etude.loop.metrics import ab_rows, arm_ratios, interaction_facts
 from etude.store import open_store
 
@@ -75,3 +76,33 @@ def test_facts_rows_and_ratios_from_the_store(tmp_path: Path) -> None:
     res = analyze(rows)
     assert res["users"] == {"control": 2, "treatment": 2}
     assert "tool_error_rate" in res["metrics"]
+
+
+def test_a_calls_result_is_read_from_its_own_session_and_turn_when_call_ids_repeat(tmp_path: Path) -> None:
+    """A text parser numbers each reply's calls from call_0: the same id in every turn of every
+    session. Each call's result is the tool message of the request that carries *its* turn back."""
+    store = open_store(f"sqlite:///{tmp_path / 'e.db'}")
+    store.ensure_org("acme")
+    edit = _call("call_0", "edit_file", {"path": "a.py", "old_str": "x", "new_str": "y"})
+    read = _call("call_0", "read_file", {"path": "a.py"})
+
+    def back(call: dict, result: str, earlier: list | None = None) -> list:
+        return [*(earlier or [{"role": "user", "content": "fix it"}]),
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": call["id"], "name": call["function"]["name"], "arguments": {}}]},
+                {"role": "tool", "content": result, "tool_call_id": "call_0"}]
+
+    ok_turn = _log(store, "u1", "control", tool_calls=[edit], session="s1")  # its edit applies
+    later = back(edit, "Edited a.py")
+    second = _log(store, "u1", "control", tool_calls=[read], session="s1", messages=later)  # then a read that fails
+    _log(store, "u1", "control", session="s1", messages=back(read, "Error: no such file", later))
+    bad_turn = _log(store, "u2", "canary", tool_calls=[edit], session="s2")  # another session: its edit fails
+    _log(store, "u2", "canary", session="s2", messages=back(edit, "Error: old_str not found"))
+
+    facts = {f["ts"]: f for f in interaction_facts(store, "acme", EXP)}
+    rows = {r["id"]: r for r in store.interactions(org="acme", experiment_id=EXP)}
+    broken = {iid: facts[rows[iid]["created_at"]]["broken"] for iid in (ok_turn, second, bad_turn)}
+    assert broken == {ok_turn: 0, second: 1, bad_turn: 1}
+    res = distill(store, "acme")
+    by_id = {s.interaction_id: s.reward.terms["broken_calls"] for s in res}
+    assert (by_id[ok_turn], by_id[second], by_id[bad_turn]) == (0.0, -0.25, -0.25)

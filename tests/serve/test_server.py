@@ -48,6 +48,9 @@ def test_tool_calls_come_back_as_openai_tool_calls_and_the_prompt_carries_the_to
     call = choice.message.tool_calls[0]
     assert call.function.name == "read_file" and json.loads(call.function.arguments) == {"path": "a.py"}
     assert choice.message.content == "Let me look."
+    # the call's id is this interaction's (as OpenAI's are unique), not the parser's call_0
+    again = c.chat.completions.create(model="auto", messages=[{"role": "user", "content": "use a tool"}], tools=TOOLS)
+    assert call.id == f"call_{resp.id.rsplit('-', 1)[-1]}_0" and again.choices[0].message.tool_calls[0].id != call.id
     system = server.policies["fake"].prompts[-1][0]
     # the harness's own tools block, the text training uses (whatever its format)
     assert system.role == "system" and system.content == render_tools_prompt(TOOLS)
