@@ -393,16 +393,14 @@ def run_engines(engines: list[str], args: argparse.Namespace, levels: list[int],
             infos[e] = ep.info
             up.append(ep)
         task = progress.add_task("load phases", total=len(levels) * args.reps * len(up))
-        live = list(up)
         for ep in up:
             try:
                 load(ep.base, ep.key, 1, 2, args.max_tokens, None, ep.engine, ep.extras)  # warm-up, not recorded
             except EngineFailed as err:
-                ep.info["error"] = str(err)
-                live.remove(ep)
+                ep.info["error"] = str(err)  # out from here on (its phases below are skipped)
         for c in levels:
             for rep in range(args.reps):
-                for ep in (live if rep % 2 == 0 else live[::-1]):
+                for ep in (up if rep % 2 == 0 else up[::-1]):
                     if "error" in ep.info:
                         continue
                     progress.update(task, description=f"{ep.engine}, {c} session(s), repetition {rep + 1}/{args.reps}")

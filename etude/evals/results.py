@@ -30,7 +30,7 @@ those values. Figure kinds:
 - `ratio_reps` {num, den, field, by[, stat]}: the same ratio within each repetition (the records
   of num and den that share a value of field `by`, e.g. "rep" of a bench that interleaves two
   engines): n_reps (repetitions both sides have), the median of the per-repetition ratios, its
-  seeded percentile-bootstrap 95% interval (`stats.median_bootstrap_ci`: ci_low, ci_high), min
+  seeded percentile-bootstrap 95% interval (`stats.bootstrap_ci` of the median: ci_low, ci_high), min
   and max. A peer comparison's ratio is claimed only where this interval holds.
 - `difference` {a, b, field, stat}: value = stat(b) − stat(a), with both (`a_value`, `b_value`),
   stat as for `ratio` (e.g. the sandbox's start-up overhead: median sandboxed − median bare).
@@ -260,7 +260,7 @@ def _ratio_reps(fig: Mapping[str, Any], records: Sequence[Mapping[str, Any]], na
             raise ResultError(f"figure {name}: stat rate needs times since a common start (>= 0) in {fig['field']!r}")
         yv = f(y)
         ratios.append(f(x) / yv if yv else math.nan)
-    low, high = stats.median_bootstrap_ci(ratios)
+    low, high = stats.bootstrap_ci(ratios, statistic="median")
     return {"n_reps": len(reps), "median": statistics.median(ratios), "ci_low": low, "ci_high": high,
             "min": min(ratios), "max": max(ratios)}
 

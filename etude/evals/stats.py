@@ -38,36 +38,25 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def bootstrap_ci(
-    values: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
+    values: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0,
+    statistic: str = "mean",
 ) -> tuple[float, float]:
-    """Percentile interval of the mean; (nan, nan) without values, (v, v) for a single one."""
+    """Seeded percentile interval of the mean (or, `statistic="median"`, the median; so a verifier
+    recomputes it exactly); (nan, nan) without values, (v, v) for a single one or identical ones.
+    With few values a median's interval cannot be narrower than their order statistics allow:
+    over 5 repetitions it spans about the 2nd to the 4th."""
+    if statistic not in ("mean", "median"):
+        raise ValueError(f"statistic must be mean or median, not {statistic!r}")
     x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
     if x.size == 0:
         return math.nan, math.nan
     if x.size == 1 or np.all(x == x[0]):
         return float(x[0]), float(x[0])
     rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    samples = x[rng.integers(0, x.size, size=(resamples, x.size))]
+    estimates = samples.mean(axis=1) if statistic == "mean" else np.median(samples, axis=1)
     tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def median_bootstrap_ci(
-    values: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile interval of the median (seeded, so a verifier recomputes it exactly); (v, v)
-    for a single value or identical ones. With few values it cannot be narrower than their
-    order statistics allow: over 5 repetitions it spans about the 2nd to the 4th."""
-    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
-    if x.size == 0:
-        return math.nan, math.nan
-    if x.size == 1 or np.all(x == x[0]):
-        return float(x[0]), float(x[0])
-    rng = np.random.default_rng(seed)
-    medians = np.median(x[rng.integers(0, x.size, size=(resamples, x.size))], axis=1)
-    tail = (1 - confidence) / 2 * 100
-    low, high = np.percentile(medians, [tail, 100 - tail])
+    low, high = np.percentile(estimates, [tail, 100 - tail])
     return float(low), float(high)
 
 

@@ -257,9 +257,8 @@ def is_test_run(ex: ToolExecution, task: Task | None = None) -> bool:
 
 
 def is_edit(ex: ToolExecution) -> bool:
-    if ex.call.name in ("edit_file", "write_file"):
-        return ex.result.ok
-    return ex.call.name == "run_terminal" and bool(_EDIT_CMD.search(str(ex.call.arguments.get("command", ""))))
+    """An attempted edit (`attempts_edit`) that took: an edit or write tool's call only if it succeeded."""
+    return attempts_edit(ex.call) and (ex.call.name not in EDIT_TOOLS or ex.result.ok)
 
 
 _FAILED_OUT = re.compile(r"\b\d+\s+(failed|errors?)\b|^FAILED\b|^ERROR\b", re.M)
